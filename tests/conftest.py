@@ -1,0 +1,20 @@
+import os
+
+import mlx.core as mx
+import pytest
+
+
+@pytest.fixture
+def random_qwen2():
+    """A 2-layer random Qwen2 with a 64-token vocabulary: enough to check shapes and math."""
+    from mlx_lm.models import qwen2
+
+    mx.random.seed(0)
+    args = qwen2.ModelArgs(
+        model_type="qwen2", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=64,
+        tie_word_embeddings=True,
+    )
+    model = qwen2.Model(args)
+    mx.eval(model.parameters())
+    return model

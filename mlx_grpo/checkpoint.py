@@ -1,0 +1,84 @@
+"""Checkpoints: written whole or not at all, loadable by mlx-lm as they are.
+
+A checkpoint folder `checkpoints/step_NNNNNN/` holds either a full model (config.json,
+model.safetensors, tokenizer; `mlx_lm.load(path)` reads it) or a LoRA adapter
+(adapters.safetensors, adapter_config.json; `mlx_lm.load(base, adapter_path=path)`),
+plus optimizer.safetensors, trainer_state.json and the resolved config.toml. It is
+written to a temporary folder and renamed into place, so a kill never leaves half of one.
+"""
+
+import json
+from pathlib import Path
+import shutil
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+import mlx_lm.utils
+
+from mlx_grpo.config import save_config
+
+_PREFIX = "step_"
+
+
+def checkpoint_dir(output_dir, step: int) -> Path:
+    return Path(output_dir) / "checkpoints" / f"{_PREFIX}{step:06d}"
+
+
+def list_checkpoints(output_dir) -> list[Path]:
+    """Complete checkpoints, oldest first (a complete one has trainer_state.json)."""
+    root = Path(output_dir) / "checkpoints"
+    if not root.is_dir():
+        return []
+    found = [p for p in root.glob(f"{_PREFIX}*") if p.name[len(_PREFIX):].isdigit()]
+    return sorted((p for p in found if (p / "trainer_state.json").exists()), key=lambda p: p.name)
+
+
+def latest_checkpoint(output_dir) -> Path | None:
+    found = list_checkpoints(output_dir)
+    return found[-1] if found else None
+
+
+def adapter_config(cfg, num_layers: int) -> dict:
+    from mlx_grpo.model import lora_parameters
+
+    return {
+        "fine_tune_type": getattr(cfg.lora, "method", "lora"),
+        "num_layers": num_layers,
+        "lora_parameters": lora_parameters(cfg.lora),
+        "base_model": cfg.model.path,
+    }
+
+
+def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers: int):
+    if cfg.lora.enabled:
+        adapters = dict(tree_flatten(model.trainable_parameters()))
+        mx.save_safetensors(str(dst / "adapters.safetensors"), adapters)
+        (dst / "adapter_config.json").write_text(json.dumps(adapter_config(cfg, num_layers), indent=2))
+    else:
+        model_config = mlx_lm.utils.load_config(Path(base_path))
+        mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
+
+
+def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_path,
+                    num_layers, trainer_state: dict, keep_last: int) -> Path:
+    """Write checkpoint `step` atomically, then prune all but the newest `keep_last`."""
+    final = checkpoint_dir(output_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    _write_weights(tmp, model, tokenizer, cfg, base_path, num_layers)
+    opt_state = dict(tree_flatten(optimizer.state))
+    mx.save_safetensors(str(tmp / "optimizer.safetensors"), opt_state)
+    save_config(cfg, tmp / "config.toml")
+    # trainer_state.json goes last: its presence marks the folder complete.
+    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in list_checkpoints(output_dir)[:-keep_last]:
+        shutil.rmtree(old)
+    return final
+
+
+def load_optimizer_state(path: Path):
+    return tree_unflatten(list(mx.load(str(Path(path) / "optimizer.safetensors")).items()))

@@ -1,0 +1,141 @@
+"""Prompts for training: load a data set, map its fields, render chat prompts.
+
+A data set is `builtin:arithmetic`, a local .jsonl/.json/.parquet/.csv file, or a
+Hugging Face hub id (loaded with `datasets`). Each row becomes an `Example` holding the
+tokenized chat prompt and the reference answer the rewards compare against.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+import random
+
+BUILTIN_SIZES = {"train": 4000, "test": 200}
+_LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
+
+
+class DataError(ValueError):
+    """A data set that cannot be used as configured; the message names the row or field."""
+
+
+@dataclass
+class Example:
+    question: str  # the raw prompt field
+    prompt: str  # the chat-rendered prompt text
+    prompt_tokens: list[int]
+    answer: str | None
+
+
+def load_rows(dataset: str, subset: str = "", split: str = "train", seed: int = 0) -> list[dict]:
+    """The rows of a data set as dicts."""
+    if dataset.startswith("builtin:"):
+        return _builtin_rows(dataset.removeprefix("builtin:"), split, seed)
+    path = Path(dataset).expanduser()
+    suffix = path.suffix.lower()
+    if suffix in _LOCAL_FORMATS or path.exists():
+        if not path.is_file():
+            raise DataError(f"data.dataset: file {dataset!r} does not exist")
+        if suffix not in _LOCAL_FORMATS:
+            raise DataError(
+                f"data.dataset: {dataset!r} has an unknown extension; expected one of "
+                + ", ".join(_LOCAL_FORMATS)
+            )
+        return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
+    return _load_hf(dataset, subset or None, split, label=dataset)
+
+
+def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:
+    if name != "arithmetic":
+        raise DataError(f"data.dataset: unknown built-in 'builtin:{name}' (known: builtin:arithmetic)")
+    if split not in BUILTIN_SIZES:
+        raise DataError(f"data.split: builtin:arithmetic has splits {', '.join(BUILTIN_SIZES)}, not {split!r}")
+    from mlx_grpo.arithmetic import make_problems
+
+    return make_problems(BUILTIN_SIZES[split], seed=seed, split=split)
+
+
+def _load_hf(path, subset, split, data_files=None, label=""):
+    import datasets
+
+    try:
+        ds = datasets.load_dataset(path, subset, split=split, data_files=data_files)
+    except ValueError as e:
+        if "split" in str(e).lower():
+            raise DataError(f"data.split: {label!r} has no split {split!r} ({e})") from e
+        raise DataError(f"data.dataset: cannot load {label!r}: {e}") from e
+    return [dict(row) for row in ds]
+
+
+def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:
+    if key not in row:
+        raise DataError(
+            f"{label}: row {index} has no field {key!r} (fields: {', '.join(map(str, row))}); "
+            f"set {setting} to one of them"
+        )
+    value = row[key]
+    if not isinstance(value, str) or not value.strip():
+        raise DataError(f"{label}: row {index} field {key!r} must be non-empty text, got {value!r:.60}")
+    return value
+
+
+def render_prompt(tokenizer, question: str, system_prompt: str = "") -> str:
+    """The chat-template text that the model continues with its answer."""
+    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
+    messages.append({"role": "user", "content": question})
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+
+
+def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Example], int]:
+    """Examples for rows that fit in cfg.max_prompt_tokens, and the count skipped."""
+    examples, skipped = [], 0
+    for i, row in enumerate(rows):
+        question = _field(row, cfg.prompt_field, i, label, "data.prompt_field")
+        answer = _field(row, cfg.answer_field, i, label, "data.answer_field") if cfg.answer_field else None
+        text = render_prompt(tokenizer, question, cfg.system_prompt)
+        tokens = tokenizer.encode(text, add_special_tokens=False)
+        if len(tokens) > cfg.max_prompt_tokens:
+            skipped += 1
+            continue
+        examples.append(Example(question, text, tokens, answer))
+    return examples, skipped
+
+
+def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None) -> list[Example]:
+    """Load, map and tokenize a data set; prints how many prompts were too long."""
+    rows = load_rows(cfg.dataset, cfg.subset, split or cfg.split, seed)
+    if not rows:
+        raise DataError(f"data.dataset: {cfg.dataset!r} has no rows")
+    examples, skipped = build_examples(rows, tokenizer, cfg, label=cfg.dataset)
+    if skipped:
+        print(f"data: skipped {skipped} of {len(rows)} prompts longer than data.max_prompt_tokens={cfg.max_prompt_tokens}")
+    if not examples:
+        raise DataError(f"data.max_prompt_tokens: all {len(rows)} prompts are longer than {cfg.max_prompt_tokens} tokens")
+    return examples
+
+
+class PromptStream:
+    """An endless, reproducible walk over the examples, reshuffled each epoch.
+
+    `position` counts prompts handed out, so a resumed run can continue the same walk.
+    """
+
+    def __init__(self, examples: list[Example], shuffle: bool, seed: int, position: int = 0):
+        self.examples = examples
+        self.shuffle = shuffle
+        self.seed = seed
+        self.position = position
+        self._epoch, self._order = -1, []
+
+    def _order_of(self, epoch: int) -> list[int]:
+        if epoch != self._epoch:
+            self._epoch, self._order = epoch, list(range(len(self.examples)))
+            if self.shuffle:
+                random.Random(f"{self.seed}:{epoch}").shuffle(self._order)
+        return self._order
+
+    def take(self, n: int) -> list[Example]:
+        out = []
+        for _ in range(n):
+            epoch, offset = divmod(self.position, len(self.examples))
+            out.append(self.examples[self._order_of(epoch)[offset]])
+            self.position += 1
+        return out

@@ -1,0 +1,48 @@
+"""What a run tells its user: metrics.jsonl (one JSON object per step) and the console."""
+
+import json
+import math
+from pathlib import Path
+
+
+class MetricsLog:
+    """Appends one JSON line per step to `<output_dir>/metrics.jsonl`."""
+
+    def __init__(self, output_dir, fresh: bool = True):
+        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self.path.write_text("")
+
+    def write(self, metrics: dict):
+        # JSON has no NaN; a non-finite value is written as null so the file stays valid.
+        clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+
+def read_metrics(output_dir) -> list[dict]:
+    path = Path(output_dir) / "metrics.jsonl"
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def format_step(m: dict) -> str:
+    """One console line for a logged step."""
+    parts = [f"step {m['step']}", f"loss {m['loss']:.4f}", f"reward {m['reward']:.3f}"]
+    for key in sorted(k for k in m if k.startswith("rewards/") and k.endswith("/mean")):
+        parts.append(f"{key.split('/')[1]} {m[key]:.3f}")
+    if "kl" in m:
+        parts.append(f"kl {m['kl']:.4f}")
+    parts += [
+        f"len {m['completions/mean_length']:.1f}",
+        f"grad {m['grad_norm']:.3f}",
+        f"lr {m['learning_rate']:.2e}",
+        f"{m['step_time']:.2f}s",
+        f"{m['peak_memory_gb']:.2f}GB",
+    ]
+    return " | ".join(parts)
+
+
+def format_sample(question: str, completion: str, reward: float, width: int = 300) -> str:
+    short = lambda s: s if len(s) <= width else s[:width] + "..."
+    return f"--- prompt: {short(question)!r}\n--- completion (reward {reward:.3f}): {short(completion)!r}"

@@ -1,0 +1,119 @@
+"""Loading the policy (and, when needed, the reference) with mlx-lm.
+
+Owns: resolving `model.path` (hub id, local folder, `builtin:NAME`), converting and
+quantizing once into a cache folder, casting the dtype, and turning on LoRA/DoRA
+adapters. With LoRA the reference model is the same weights with the adapters
+switched off, so no second copy is held in memory.
+"""
+
+from contextlib import contextmanager
+import os
+from pathlib import Path
+import re
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+import mlx_lm
+from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
+from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+_ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("MLX_GRPO_CACHE", "~/.cache/mlx-grpo")).expanduser()
+
+
+def resolve_model_path(path: str) -> str:
+    """A loadable path: builtin models are built (once) and cached locally."""
+    if path.startswith("builtin:"):
+        from mlx_grpo.builtin_models import builtin_model_path
+
+        return str(builtin_model_path(path.removeprefix("builtin:")))
+    return path
+
+
+def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remote_code=False) -> str:
+    """Convert and quantize `path` with mlx-lm once; later calls reuse the cached folder."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(Path(path).expanduser().resolve()) if Path(path).exists() else path)
+    dst = cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
+    if (dst / "config.json").exists():
+        return str(dst)
+    from mlx_lm.convert import convert
+
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    convert(path, str(tmp), quantize=True, q_bits=bits, q_group_size=group_size, dtype=dtype,
+            trust_remote_code=trust_remote_code)
+    try:
+        tmp.rename(dst)
+    except OSError:  # another process finished first; use its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(dst)
+
+
+def load_base(model_cfg):
+    """(model, tokenizer, local_path) for the configured base model, in eval mode."""
+    path = resolve_model_path(model_cfg.path)
+    if model_cfg.quantize_bits:
+        path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,
+                              model_cfg.dtype, model_cfg.trust_remote_code)
+    model, tokenizer = mlx_lm.load(
+        path,
+        tokenizer_config={"trust_remote_code": model_cfg.trust_remote_code},
+        trust_remote_code=model_cfg.trust_remote_code,
+    )
+    # Quantized weights keep their packing; only float tensors are cast.
+    model.set_dtype(DTYPES[model_cfg.dtype])
+    local = Path(path) if Path(path).exists() else mlx_lm.utils.hf_repo_to_path(path)
+    return model, tokenizer, str(local)
+
+
+def lora_parameters(lora_cfg) -> dict:
+    """The `lora_parameters` mlx-lm expects: it takes `scale`, so alpha / rank is mapped here."""
+    return {
+        "rank": lora_cfg.rank,
+        "scale": lora_cfg.alpha / lora_cfg.rank,
+        "dropout": lora_cfg.dropout,
+        "keys": list(lora_cfg.target_modules),
+    }
+
+
+def add_adapters(model, lora_cfg, use_dora: bool = False) -> int:
+    """Freeze the base and add LoRA (or DoRA) layers; returns the number of layers adapted."""
+    num_layers = len(model.layers) if lora_cfg.num_layers < 0 else lora_cfg.num_layers
+    model.freeze()
+    linear_to_lora_layers(model, num_layers, lora_parameters(lora_cfg), use_dora=use_dora)
+    found = {name.split(".")[-1] for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)}
+    wanted = {k.split(".")[-1] for k in lora_cfg.target_modules}
+    if not found:
+        raise ValueError(
+            f"lora.target_modules: none of {list(lora_cfg.target_modules)} is a linear layer of this model"
+        )
+    missing = wanted - found
+    if missing:
+        raise ValueError(f"lora.target_modules: {sorted(missing)} matched no layer of this model")
+    return num_layers
+
+
+@contextmanager
+def adapters_disabled(model):
+    """Run the base model: every adapter layer is swapped for the layer it wraps."""
+    adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)]
+    base = [(n, m.linear if hasattr(m, "linear") else m.embedding) for n, m in adapters]
+    model.update_modules(tree_unflatten(base))
+    try:
+        yield model
+    finally:
+        model.update_modules(tree_unflatten(adapters))
+
+
+def count_parameters(params) -> int:
+    from mlx.utils import tree_flatten
+
+    return sum(v.size for _, v in tree_flatten(params))

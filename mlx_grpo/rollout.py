@@ -1,0 +1,91 @@
+"""Sampling G completions per prompt with mlx-lm's batched generator.
+
+Each prompt is prefilled once; its KV cache is handed to all G of its completions, which
+then decode together with every other sequence of the step (up to `batch_size` at once).
+The EOS token that ends a completion is kept: the policy must be scored on it, or it
+never learns to stop.
+"""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+from mlx_lm.sample_utils import make_sampler
+
+
+@dataclass
+class Rollout:
+    """N = P * G completions in prompt-major order."""
+
+    prompt_tokens: list[list[int]]  # the prompt of each row (repeated G times)
+    completion_tokens: list[list[int]]  # sampled ids, EOS included when it was sampled
+    texts: list[str]  # decoded completions, without the EOS token
+    truncated: list[bool]  # stopped by max_new_tokens rather than by EOS
+    group_size: int
+
+    @property
+    def num_tokens(self) -> int:
+        return sum(len(c) for c in self.completion_tokens)
+
+
+def make_rollout_sampler(temperature: float, top_p: float, top_k: int, min_p: float):
+    # mlx-lm reads top_p == 0 as "off"; our config uses 1.0 for that, as HF does.
+    return make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0, min_p=min_p, top_k=top_k)
+
+
+def _prefill(model, prompt: list[int]):
+    """A KV cache holding prompt[:-1]; decoding then starts from the last prompt token."""
+    cache = make_prompt_cache(model)
+    if len(prompt) > 1:
+        model(mx.array(prompt[:-1])[None], cache=cache)
+        mx.eval([c.state for c in cache])
+    return cache
+
+
+def generate_completions(
+    model,
+    tokenizer,
+    prompts: list[list[int]],
+    *,
+    num_generations: int,
+    max_new_tokens: int,
+    sampler,
+    batch_size: int = 0,
+) -> Rollout:
+    """Sample `num_generations` completions for each prompt, all decoded in one batch."""
+    eos = sorted(tokenizer.eos_token_ids)
+    n = len(prompts) * num_generations
+    gen = BatchGenerator(
+        model,
+        max_tokens=max_new_tokens,
+        stop_tokens=[[t] for t in eos],
+        sampler=sampler,
+        completion_batch_size=batch_size or n,
+        prefill_batch_size=min(batch_size or n, 64),
+    )
+    uids = []
+    try:
+        for prompt in prompts:
+            cache = _prefill(model, prompt)
+            caches = [cache] * num_generations if len(prompt) > 1 else None
+            uids += gen.insert([prompt[-1:]] * num_generations, caches=caches)
+        tokens = {uid: [] for uid in uids}
+        finish = {}
+        while responses := gen.next_generated():
+            for r in responses:
+                tokens[r.uid].append(r.token)
+                if r.finish_reason is not None:
+                    finish[r.uid] = r.finish_reason
+    finally:
+        gen.close()
+    eos_set = set(eos)
+    completions = [tokens[u] for u in uids]
+    texts = [tokenizer.decode(c[:-1] if c and c[-1] in eos_set else c) for c in completions]
+    return Rollout(
+        prompt_tokens=[p for p in prompts for _ in range(num_generations)],
+        completion_tokens=completions,
+        texts=texts,
+        truncated=[finish[u] == "length" for u in uids],
+        group_size=num_generations,
+    )

@@ -1,0 +1,68 @@
+"""The `mlx-grpo` command: one sub-command per entry point, each a thin layer over a
+library function. `mlx-grpo --config FILE` is short for `mlx-grpo train --config FILE`."""
+
+import argparse
+import sys
+
+COMMANDS = {}
+
+
+def command(name, help):
+    def register(fn):
+        COMMANDS[name] = (fn, help)
+        return fn
+
+    return register
+
+
+@command("train", "train a model with GRPO (the default command)")
+def _train(sub):
+    sub.add_argument("--config", required=True, help="TOML profile, e.g. configs/smoke_test.toml")
+    sub.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key with a TOML value, e.g. --set training.max_steps=20 (repeatable)",
+    )
+
+    def run(args):
+        from mlx_grpo.config import load_config
+        from mlx_grpo.train import train
+
+        cfg = load_config(args.config, args.overrides)
+        train(cfg, config_path=args.config)
+
+    return run
+
+
+def build_parser():
+    parser = argparse.ArgumentParser(
+        prog="mlx-grpo",
+        description="GRPO fine-tuning of language models with MLX. "
+        "`mlx-grpo --config FILE` is the same as `mlx-grpo train --config FILE`.",
+    )
+    subs = parser.add_subparsers(dest="command", metavar="COMMAND")
+    runners = {}
+    for name, (fn, help) in COMMANDS.items():
+        runners[name] = fn(subs.add_parser(name, help=help, description=help))
+    return parser, runners
+
+
+def main(argv=None):
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+        argv.insert(0, "train")
+    parser, runners = build_parser()
+    args = parser.parse_args(argv)
+    if args.command is None:
+        parser.print_help()
+        return 0
+    from mlx_grpo.errors import USER_ERRORS
+
+    try:
+        runners[args.command](args)
+    except USER_ERRORS as e:
+        print(f"mlx-grpo: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("mlx-grpo: interrupted", file=sys.stderr)
+        return 130
+    return 0

@@ -57,8 +57,15 @@ def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remo
     return str(dst)
 
 
-def load_base(model_cfg):
-    """(model, tokenizer, local_path) for the configured base model, in eval mode."""
+def load_base(model_cfg, path: str | None = None):
+    """(model, tokenizer, local_path) for the configured base model, in eval mode.
+
+    `path` is a local path returned by an earlier call, to load a second copy as it was.
+    """
+    if path is not None:
+        model, tokenizer = mlx_lm.load(path, trust_remote_code=model_cfg.trust_remote_code)
+        model.set_dtype(DTYPES[model_cfg.dtype])
+        return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
     if model_cfg.quantize_bits:
         path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,

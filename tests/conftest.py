@@ -18,3 +18,18 @@ def random_qwen2():
     model = qwen2.Model(args)
     mx.eval(model.parameters())
     return model
+
+
+@pytest.fixture(scope="session")
+def tiny_path():
+    """The built-in warm-started tiny model (built once into the user cache, then reused)."""
+    from mlx_grpo.builtin_models import builtin_model_path
+
+    return str(builtin_model_path("tiny"))
+
+
+@pytest.fixture(scope="session")
+def tiny(tiny_path):
+    import mlx_lm
+
+    return mlx_lm.load(tiny_path)

@@ -1,0 +1,289 @@
+"""The GRPO loop, top to bottom: config -> data -> rollout -> rewards -> advantages ->
+loss and update -> checkpoint and log.
+
+One step: take prompts_per_step * gradient_accumulation_steps prompts, sample G
+completions for each (one batched decode), score them, turn the scores into
+group-relative advantages, and make num_iterations optimizer updates on those
+completions, each accumulating the gradients of gradient_accumulation_steps
+micro-batches. Every module named here owns its stage; this file only composes them.
+"""
+
+from dataclasses import dataclass
+import math
+from pathlib import Path
+import random
+import time
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_map
+import numpy as np
+from tqdm import tqdm
+
+from mlx_grpo.advantages import group_advantages, group_stats
+from mlx_grpo.checkpoint import save_checkpoint
+from mlx_grpo.config import save_config
+from mlx_grpo.data import PromptStream, load_examples
+from mlx_grpo.errors import TrainingError
+from mlx_grpo.log import MetricsLog, format_sample, format_step
+from mlx_grpo.loss import DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs
+from mlx_grpo.model import add_adapters, adapters_disabled, load_base
+from mlx_grpo.rewards import RewardSet
+from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+
+PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
+
+
+def seed_everything(seed: int):
+    mx.random.seed(seed)
+    np.random.seed(seed)
+    random.seed(seed)
+
+
+def make_lr_schedule(tcfg, total_updates: int):
+    """Linear warmup from lr/warmup (never 0) to lr, then constant or cosine to 0."""
+    lr, warmup = tcfg.learning_rate, tcfg.warmup_steps
+    decay_steps = max(total_updates - warmup, 1)
+
+    def schedule(step):
+        step = step.astype(mx.float32)
+        warm = lr * mx.minimum((step + 1) / max(warmup, 1), 1.0)
+        if tcfg.lr_schedule == "cosine":
+            progress = mx.clip((step - warmup) / decay_steps, 0.0, 1.0)
+            return mx.where(step < warmup, warm, lr * 0.5 * (1 + mx.cos(math.pi * progress)))
+        return warm
+
+    return schedule
+
+
+@dataclass
+class MicroBatch:
+    """The sequences of one forward/backward pass, with the normalisers of the loss."""
+
+    inputs: mx.array  # (n, L) right-padded prompt + completion
+    positions: mx.array  # (n, T) logit positions that predict each completion token
+    targets: mx.array  # (n, T) completion token ids
+    mask: mx.array  # (n, T) 1 on scored tokens
+    advantages: mx.array  # (n,)
+    num_items: float  # tokens the loss is divided by (bnpo, dapo)
+    num_sequences: int  # sequences the loss is divided by (grpo, dr_grpo)
+    ref_logp: mx.array | None = None
+    old_logp: mx.array | None = None
+
+
+def build_policy(cfg):
+    """The trainable model, its tokenizer, the base's local path, adapted layer count."""
+    if cfg.model.quantize_bits and not cfg.lora.enabled:
+        raise TrainingError(
+            "model.quantize_bits: quantized weights cannot be trained directly; "
+            "set lora.enabled = true (QLoRA) or quantize_bits = 0"
+        )
+    model, tokenizer, base_path = load_base(cfg.model)
+    num_layers = len(model.layers)
+    if cfg.lora.enabled:
+        num_layers = add_adapters(model, cfg.lora, use_dora=getattr(cfg.lora, "method", "lora") == "dora")
+    if cfg.training.grad_checkpoint:
+        from mlx_lm.tuner.trainer import grad_checkpoint
+
+        grad_checkpoint(model.layers[0])
+    return model, tokenizer, base_path, num_layers
+
+
+def reference_logprobs(cfg, policy, ref_model, batch: MicroBatch, temperature: float):
+    """One no-grad pass of the reference: the frozen copy, or the policy without adapters."""
+    if ref_model is not None:
+        out = token_logprobs(ref_model, batch.inputs, batch.positions, batch.targets, temperature)
+    else:
+        with adapters_disabled(policy):
+            out = token_logprobs(policy, batch.inputs, batch.positions, batch.targets, temperature)
+    return mx.stop_gradient(out)
+
+
+def make_micro_batches(rollout, advantages, cfg) -> list[MicroBatch]:
+    """Split a step's rows into the forward/backward chunks of its accumulation steps.
+
+    The step is cut into gradient_accumulation_steps parts of whole groups, each part into
+    chunks of micro_batch_size sequences. Every chunk carries its part's normalisers
+    (dapo: the whole step's token count), so the summed chunk losses equal the loss of
+    the unsplit part.
+    """
+    t = cfg.training
+    n = len(rollout.completion_tokens)
+    part = n // t.gradient_accumulation_steps
+    size = t.micro_batch_size or part
+    drop = [cfg.grpo.mask_truncated_completions and cut for cut in rollout.truncated]
+    kept = [0 if d else len(c) for d, c in zip(drop, rollout.completion_tokens)]
+    step_tokens = float(sum(kept))
+    batches = []
+    for start in range(0, n, part):
+        part_tokens = float(sum(kept[start:start + part]))
+        for lo in range(start, start + part, size):
+            rows = range(lo, min(lo + size, start + part))
+            inputs, positions, targets, mask = pack_sequences(
+                [rollout.prompt_tokens[i] for i in rows],
+                [rollout.completion_tokens[i] for i in rows], pad_to=PAD_TO,
+            )
+            if any(drop[i] for i in rows):
+                mask = mask * mx.array([0.0 if drop[i] else 1.0 for i in rows])[:, None]
+            batches.append(MicroBatch(
+                inputs, positions, targets, mask, advantages[lo:rows.stop],
+                num_items=step_tokens if cfg.grpo.loss_type == "dapo" else part_tokens,
+                num_sequences=part,
+            ))
+    return batches
+
+
+def make_loss_fn(cfg):
+    g, temperature = cfg.grpo, cfg.generation.temperature
+
+    def loss_fn(model, batch: MicroBatch):
+        logp = token_logprobs(model, batch.inputs, batch.positions, batch.targets, temperature)
+        return grpo_loss(
+            logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
+            beta=g.beta, epsilon=g.epsilon, epsilon_high=g.epsilon_high, loss_type=g.loss_type,
+            max_completion_length=cfg.generation.max_new_tokens,
+            num_items=batch.num_items, num_sequences=batch.num_sequences,
+        )
+
+    return loss_fn
+
+
+def update(model, optimizer, batches, loss_fn, cfg):
+    """One optimizer update from the accumulated gradients of all micro-batches."""
+    k = cfg.training.gradient_accumulation_steps
+    scale = 1.0 / k if DIVIDES_BY_ACCUMULATION[cfg.grpo.loss_type] else 1.0
+    value_and_grad = nn.value_and_grad(model, loss_fn)
+    total_loss, grads, sums, tokens = 0.0, None, {}, 0.0
+    for batch in batches:
+        (loss, metrics), g = value_and_grad(model, batch)
+        g = tree_map(lambda x: x * scale, g)
+        grads = g if grads is None else tree_map(mx.add, grads, g)
+        n = batch.mask.sum()
+        mx.eval(loss, grads, metrics, n)
+        total_loss += loss.item() * scale
+        tokens += n.item()
+        for key, v in metrics.items():
+            sums[key] = sums.get(key, 0.0) + v.item() * n.item()
+    if cfg.training.max_grad_norm > 0:
+        grads, grad_norm = optim.clip_grad_norm(grads, cfg.training.max_grad_norm)
+    else:
+        grad_norm = optim.clip_grad_norm(grads, float("inf"))[1]
+    mx.eval(grad_norm)
+    if not math.isfinite(total_loss) or not math.isfinite(grad_norm.item()):
+        raise TrainingError(
+            f"non-finite loss ({total_loss}) or grad_norm ({grad_norm.item()}); the update was not applied"
+        )
+    optimizer.update(model, grads)
+    mx.eval(model.parameters(), optimizer.state)
+    metrics = {key: v / max(tokens, 1.0) for key, v in sums.items()}
+    return total_loss, grad_norm.item(), metrics
+
+
+def rollout_metrics(rollout, rewards, per_name, cfg) -> dict:
+    lengths = [len(c) for c in rollout.completion_tokens]
+    out = {
+        "reward": float(np.mean(rewards)),
+        **group_stats(rewards, rollout.group_size),
+        "completions/mean_length": float(np.mean(lengths)),
+        "completions/min_length": float(min(lengths)),
+        "completions/max_length": float(max(lengths)),
+        "completions/clipped_ratio": float(np.mean(rollout.truncated)),
+    }
+    for name, scores in per_name.items():
+        out[f"rewards/{name}/mean"] = float(np.mean(scores))
+        out[f"rewards/{name}/std"] = float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0
+    return out
+
+
+def train(cfg, config_path: str | None = None) -> Path:
+    """Run GRPO as configured; returns the final checkpoint folder."""
+    out = Path(cfg.output_dir)
+    seed_everything(cfg.seed)
+    base_dir = Path(config_path).parent if config_path else None
+    reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir)
+    model, tokenizer, base_path, num_layers = build_policy(cfg)
+    ref_model = None
+    if cfg.grpo.beta > 0 and not cfg.lora.enabled:
+        ref_model = load_base(cfg.model, base_path)[0]
+        ref_model.freeze()
+    examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
+    t, gen, g = cfg.training, cfg.generation, cfg.grpo
+    prompts_per_update = t.prompts_per_step * t.gradient_accumulation_steps
+    if len(examples) < prompts_per_update:
+        raise TrainingError(
+            f"data.dataset: {len(examples)} usable prompts, fewer than the "
+            f"{prompts_per_update} one step needs (training.prompts_per_step * gradient_accumulation_steps)"
+        )
+    stream = PromptStream(examples, cfg.data.shuffle, cfg.seed)
+    sampler = make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p)
+    optimizer = optim.AdamW(
+        learning_rate=make_lr_schedule(t, t.max_steps * g.num_iterations),
+        betas=list(t.adam_betas), weight_decay=t.weight_decay,
+    )
+    out.mkdir(parents=True, exist_ok=True)
+    save_config(cfg, out / "config.toml")
+    log = MetricsLog(out, fresh=True)
+    trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {out}")
+
+    ckpt = None
+    bar = tqdm(range(1, t.max_steps + 1), desc="grpo", dynamic_ncols=True)
+    for step in bar:
+        tic = time.perf_counter()
+        mx.reset_peak_memory()
+        batch_examples = stream.take(prompts_per_update)
+        model.eval()
+        rollout = generate_completions(
+            model, tokenizer, [e.prompt_tokens for e in batch_examples],
+            num_generations=gen.num_generations, max_new_tokens=gen.max_new_tokens,
+            sampler=sampler, batch_size=gen.batch_size,
+        )
+        questions = [e.question for e in batch_examples for _ in range(gen.num_generations)]
+        answers = [e.answer for e in batch_examples for _ in range(gen.num_generations)]
+        rewards, per_name = reward_set(questions, rollout.texts, answers)
+        advantages = group_advantages(rewards, gen.num_generations, g.scale_rewards)
+        batches = make_micro_batches(rollout, advantages, cfg)
+        for b in batches:
+            if g.beta > 0:
+                b.ref_logp = reference_logprobs(cfg, model, ref_model, b, gen.temperature)
+            if g.num_iterations > 1:
+                b.old_logp = mx.stop_gradient(
+                    token_logprobs(model, b.inputs, b.positions, b.targets, gen.temperature)
+                )
+            mx.eval(b.ref_logp, b.old_logp)
+        model.train()
+        loss_fn = make_loss_fn(cfg)
+        losses, norms = [], []
+        for _ in range(g.num_iterations):
+            loss, grad_norm, loss_metrics = update(model, optimizer, batches, loss_fn, cfg)
+            lr = optimizer.learning_rate.item()  # the rate this update used
+            losses.append(loss)
+            norms.append(grad_norm)
+        step_time = time.perf_counter() - tic
+        metrics = {
+            "step": step,
+            "loss": float(np.mean(losses)),
+            **rollout_metrics(rollout, rewards, per_name, cfg),
+            **loss_metrics,
+            "grad_norm": float(np.mean(norms)),
+            "learning_rate": lr,
+            "step_time": step_time,
+            "tokens_per_second": rollout.num_tokens / step_time,
+            "peak_memory_gb": mx.get_peak_memory() / 1e9,
+        }
+        log.write(metrics)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{step_time:.2f}s")
+        if step % cfg.logging.log_every == 0:
+            tqdm.write(format_step(metrics))
+            for i in range(min(cfg.logging.log_completions, len(rollout.texts))):
+                tqdm.write(format_sample(questions[i], rollout.texts[i], rewards[i]))
+        if step % cfg.checkpoint.save_every == 0 or step == t.max_steps:
+            ckpt = save_checkpoint(
+                out, step, model=model, tokenizer=tokenizer, optimizer=optimizer, cfg=cfg,
+                base_path=base_path, num_layers=num_layers, keep_last=cfg.checkpoint.keep_last,
+                trainer_state={"data_position": stream.position},
+            )
+    bar.close()
+    print(f"mlx-grpo: done; final checkpoint {ckpt}")
+    return ckpt

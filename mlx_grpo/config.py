@@ -92,6 +92,12 @@ class GRPOConfig:
     scale_rewards: str = "group"
     num_iterations: int = 1  # optimizer passes over each rollout
     mask_truncated_completions: bool = False
+    importance_sampling_level: str = "token"  # "sequence" = GSPO
+    top_entropy_quantile: float = 1.0  # train on the top share of tokens by entropy; 1 = all
+    dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards and draw more
+    max_resample_rounds: int = 4  # extra draws per step under dynamic_sampling
+    overlong_penalty: float = 0.0  # DAPO soft overlong punishment at the cap; 0 = off
+    overlong_buffer: int = 32  # tokens before max_new_tokens where the penalty ramps up
 
 
 @dataclass
@@ -188,6 +194,11 @@ RULES: dict[str, Rule] = {
     "grpo.loss_type": _one_of("grpo", "bnpo", "dr_grpo", "dapo"),
     "grpo.scale_rewards": _one_of("group", "batch", "none"),
     "grpo.num_iterations": _at_least(1),
+    "grpo.importance_sampling_level": _one_of("token", "sequence"),
+    "grpo.top_entropy_quantile": ((lambda v: 0 < v <= 1), "in (0, 1]"),
+    "grpo.max_resample_rounds": _at_least(0),
+    "grpo.overlong_penalty": _at_least(0),
+    "grpo.overlong_buffer": _at_least(1),
     "rewards": (bool, "a non-empty array (at least one reward)"),
     "rewards.name": (bool, "a non-empty reward name"),
     "training.max_steps": _at_least(1),
@@ -325,6 +336,12 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
         _merge(cfg, _parse_override(item), "", f"--set {item}")
     if cfg.grpo.epsilon_high is None:
         cfg.grpo.epsilon_high = cfg.grpo.epsilon
+    g, cap = cfg.grpo, cfg.generation.max_new_tokens
+    if g.overlong_penalty > 0 and g.overlong_buffer > cap:
+        raise ConfigError(
+            f"grpo.overlong_buffer must be <= generation.max_new_tokens ({cap}) when "
+            f"grpo.overlong_penalty > 0, got {g.overlong_buffer}"
+        )
     return cfg
 
 

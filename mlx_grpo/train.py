@@ -5,10 +5,12 @@ One step: take prompts_per_step * gradient_accumulation_steps prompts, sample G
 completions for each (one batched decode), score them, turn the scores into
 group-relative advantages, and make num_iterations optimizer updates on those
 completions, each accumulating the gradients of gradient_accumulation_steps
-micro-batches. Every module named here owns its stage; this file only composes them.
+micro-batches. With grpo.dynamic_sampling, groups whose rewards are all equal are
+dropped and more prompts drawn (dynamic_sampling.py). Every module named here owns its
+stage; this file only composes them.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 import math
 from pathlib import Path
 import random
@@ -25,10 +27,14 @@ from mlx_grpo.advantages import group_advantages, group_stats
 from mlx_grpo.checkpoint import save_checkpoint
 from mlx_grpo.config import save_config
 from mlx_grpo.data import PromptStream, load_examples
+from mlx_grpo.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.log import MetricsLog, format_sample, format_step
-from mlx_grpo.loss import DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs
+from mlx_grpo.loss import (
+    DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
+)
 from mlx_grpo.model import add_adapters, adapters_disabled, load_base
+from mlx_grpo.overlong import overlong_penalty
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
 
@@ -138,12 +144,16 @@ def make_loss_fn(cfg):
     g, temperature = cfg.grpo, cfg.generation.temperature
 
     def loss_fn(model, batch: MicroBatch):
-        logp = token_logprobs(model, batch.inputs, batch.positions, batch.targets, temperature)
+        logp, entropies = token_logprobs_and_entropies(
+            model, batch.inputs, batch.positions, batch.targets, temperature
+        )
         return grpo_loss(
             logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
             beta=g.beta, epsilon=g.epsilon, epsilon_high=g.epsilon_high, loss_type=g.loss_type,
             max_completion_length=cfg.generation.max_new_tokens,
             num_items=batch.num_items, num_sequences=batch.num_sequences,
+            importance_sampling_level=g.importance_sampling_level,
+            top_entropy_quantile=g.top_entropy_quantile, entropies=entropies,
         )
 
     return loss_fn
@@ -178,6 +188,67 @@ def update(model, optimizer, batches, loss_fn, cfg):
     mx.eval(model.parameters(), optimizer.state)
     metrics = {key: v / max(tokens, 1.0) for key, v in sums.items()}
     return total_loss, grad_norm.item(), metrics
+
+
+def sample_and_score(model, tokenizer, examples, reward_set, sampler, cfg) -> ScoredRollout:
+    """G completions per example, scored; DAPO's overlong penalty added when it is on."""
+    gen, g = cfg.generation, cfg.grpo
+    model.eval()
+    rollout = generate_completions(
+        model, tokenizer, [e.prompt_tokens for e in examples],
+        num_generations=gen.num_generations, max_new_tokens=gen.max_new_tokens,
+        sampler=sampler, batch_size=gen.batch_size,
+    )
+    questions = [e.question for e in examples for _ in range(gen.num_generations)]
+    answers = [e.answer for e in examples for _ in range(gen.num_generations)]
+    rewards, per_name = reward_set(questions, rollout.texts, answers)
+    if g.overlong_penalty > 0:
+        lengths = [len(c) for c in rollout.completion_tokens]
+        penalty = overlong_penalty(lengths, gen.max_new_tokens, g.overlong_buffer, g.overlong_penalty)
+        rewards = [r + p for r, p in zip(rewards, penalty)]
+        per_name = {**per_name, "overlong_penalty": penalty}
+    return ScoredRollout(rollout, rewards, per_name, questions)
+
+
+def optimize(model, optimizer, ref_model, rollout, rewards, cfg) -> dict:
+    """num_iterations updates on one step's completions; returns the update's metrics."""
+    gen, g = cfg.generation, cfg.grpo
+    advantages = group_advantages(rewards, gen.num_generations, g.scale_rewards)
+    batches = make_micro_batches(rollout, advantages, cfg)
+    for b in batches:
+        if g.beta > 0:
+            b.ref_logp = reference_logprobs(cfg, model, ref_model, b, gen.temperature)
+        if g.num_iterations > 1:
+            b.old_logp = mx.stop_gradient(
+                token_logprobs(model, b.inputs, b.positions, b.targets, gen.temperature)
+            )
+        mx.eval(b.ref_logp, b.old_logp)
+    model.train()
+    loss_fn = make_loss_fn(cfg)
+    losses, norms = [], []
+    for _ in range(g.num_iterations):
+        loss, grad_norm, loss_metrics = update(model, optimizer, batches, loss_fn, cfg)
+        lr = optimizer.learning_rate.item()  # the rate this update used
+        losses.append(loss)
+        norms.append(grad_norm)
+    return {
+        "loss": float(np.mean(losses)), **loss_metrics,
+        "grad_norm": float(np.mean(norms)), "learning_rate": lr,
+    }
+
+
+def step_groups(scored: ScoredRollout, cfg):
+    """The groups one update trains on and the config it runs with.
+
+    Dynamic sampling can come back short of groups: train on what there is, in fewer
+    accumulation parts (see `accumulation_parts`); none at all means no update.
+    """
+    t = cfg.training
+    if scored.num_groups == t.prompts_per_step * t.gradient_accumulation_steps:
+        return scored, cfg
+    used, parts = accumulation_parts(scored.num_groups, t.gradient_accumulation_steps)
+    step_cfg = replace(cfg, training=replace(t, gradient_accumulation_steps=max(parts, 1)))
+    return take_groups(scored, list(range(used))), step_cfg
 
 
 def rollout_metrics(rollout, rewards, per_name, cfg) -> dict:
@@ -227,57 +298,40 @@ def train(cfg, config_path: str | None = None) -> Path:
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {out}")
 
+    draw = lambda n: sample_and_score(model, tokenizer, stream.take(n), reward_set, sampler, cfg)
     ckpt = None
     bar = tqdm(range(1, t.max_steps + 1), desc="grpo", dynamic_ncols=True)
     for step in bar:
         tic = time.perf_counter()
         mx.reset_peak_memory()
-        batch_examples = stream.take(prompts_per_update)
-        model.eval()
-        rollout = generate_completions(
-            model, tokenizer, [e.prompt_tokens for e in batch_examples],
-            num_generations=gen.num_generations, max_new_tokens=gen.max_new_tokens,
-            sampler=sampler, batch_size=gen.batch_size,
-        )
-        questions = [e.question for e in batch_examples for _ in range(gen.num_generations)]
-        answers = [e.answer for e in batch_examples for _ in range(gen.num_generations)]
-        rewards, per_name = reward_set(questions, rollout.texts, answers)
-        advantages = group_advantages(rewards, gen.num_generations, g.scale_rewards)
-        batches = make_micro_batches(rollout, advantages, cfg)
-        for b in batches:
-            if g.beta > 0:
-                b.ref_logp = reference_logprobs(cfg, model, ref_model, b, gen.temperature)
-            if g.num_iterations > 1:
-                b.old_logp = mx.stop_gradient(
-                    token_logprobs(model, b.inputs, b.positions, b.targets, gen.temperature)
-                )
-            mx.eval(b.ref_logp, b.old_logp)
-        model.train()
-        loss_fn = make_loss_fn(cfg)
-        losses, norms = [], []
-        for _ in range(g.num_iterations):
-            loss, grad_norm, loss_metrics = update(model, optimizer, batches, loss_fn, cfg)
-            lr = optimizer.learning_rate.item()  # the rate this update used
-            losses.append(loss)
-            norms.append(grad_norm)
+        if g.dynamic_sampling:
+            scored, drawn, sampling_metrics = fill_groups(draw, prompts_per_update, g.max_resample_rounds)
+        else:
+            scored = drawn = draw(prompts_per_update)
+            sampling_metrics = {}
+        scored, step_cfg = step_groups(scored, cfg)
+        if scored.rewards:
+            update_metrics = optimize(model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg)
+        else:
+            update_metrics = {}
+            tqdm.write(f"step {step}: no group had reward spread in "
+                       f"{sampling_metrics['dynamic_sampling/rounds']} rounds; update skipped")
         step_time = time.perf_counter() - tic
         metrics = {
             "step": step,
-            "loss": float(np.mean(losses)),
-            **rollout_metrics(rollout, rewards, per_name, cfg),
-            **loss_metrics,
-            "grad_norm": float(np.mean(norms)),
-            "learning_rate": lr,
+            **rollout_metrics(drawn.rollout, drawn.rewards, drawn.per_name, cfg),
+            **sampling_metrics,
+            **update_metrics,
             "step_time": step_time,
-            "tokens_per_second": rollout.num_tokens / step_time,
+            "tokens_per_second": drawn.rollout.num_tokens / step_time,
             "peak_memory_gb": mx.get_peak_memory() / 1e9,
         }
         log.write(metrics)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{step_time:.2f}s")
-        if step % cfg.logging.log_every == 0:
+        if step % cfg.logging.log_every == 0 and update_metrics:
             tqdm.write(format_step(metrics))
-            for i in range(min(cfg.logging.log_completions, len(rollout.texts))):
-                tqdm.write(format_sample(questions[i], rollout.texts[i], rewards[i]))
+            for i in range(min(cfg.logging.log_completions, len(drawn.rollout.texts))):
+                tqdm.write(format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i]))
         if step % cfg.checkpoint.save_every == 0 or step == t.max_steps:
             ckpt = save_checkpoint(
                 out, step, model=model, tokenizer=tokenizer, optimizer=optimizer, cfg=cfg,

@@ -33,6 +33,8 @@ def format_step(m: dict) -> str:
         parts.append(f"{key.split('/')[1]} {m[key]:.3f}")
     if "kl" in m:
         parts.append(f"kl {m['kl']:.4f}")
+    if "entropy" in m:
+        parts.append(f"entropy {m['entropy']:.3f}")
     parts += [
         f"len {m['completions/mean_length']:.1f}",
         f"grad {m['grad_norm']:.3f}",

@@ -124,7 +124,14 @@ class TrainingConfig:
 @dataclass
 class LoggingConfig:
     log_every: int = 1
-    log_completions: int = 0  # completions printed per logged step
+    log_completions: int = 0  # completions printed per logged step (and kept in completions.jsonl)
+    # Live warnings (mlx_grpo/watch.py); 0 turns a check off.
+    warn_zero_std_frac: float = 0.9  # frac_reward_zero_std above this ... (warn_zero_std_steps = 0: off)
+    warn_zero_std_steps: int = 10  # ... for this many steps in a row: no signal (0 = off)
+    warn_grad_norm_factor: float = 10.0  # grad_norm above this times its running median
+    warn_clipped_ratio: float = 0.5  # completions/clipped_ratio above this
+    warn_kl: float = 1.0  # kl above this
+    warn_reward_falling_steps: int = 50  # reward trending down over this many steps
 
 
 @dataclass
@@ -215,6 +222,12 @@ RULES: dict[str, Rule] = {
     "training.max_grad_norm": _at_least(0),
     "logging.log_every": _at_least(1),
     "logging.log_completions": _at_least(0),
+    "logging.warn_zero_std_frac": _UNIT,
+    "logging.warn_zero_std_steps": _at_least(0),
+    "logging.warn_grad_norm_factor": ((lambda v: v == 0 or v > 1), "0 (off) or > 1"),
+    "logging.warn_clipped_ratio": ((lambda v: 0 <= v < 1), "in [0, 1) (0 = off)"),
+    "logging.warn_kl": _at_least(0),
+    "logging.warn_reward_falling_steps": ((lambda v: v == 0 or v >= 3), "0 (off) or >= 3"),
     "checkpoint.save_every": _at_least(1),
     "checkpoint.keep_last": _at_least(1),
 }

@@ -1,4 +1,5 @@
-"""What a run tells its user: metrics.jsonl (one JSON object per step) and the console."""
+"""What a run tells its user: metrics.jsonl (one JSON object per step), completions.jsonl
+(the sample completions of each logged step, with their rewards) and the console."""
 
 import json
 import math
@@ -19,6 +20,34 @@ class MetricsLog:
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
         with self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
+
+
+class CompletionLog:
+    """Appends the logged sample completions to `<output_dir>/completions.jsonl`, one line each:
+    {"step", "prompt", "completion", "reward", "rewards": {name: score}}."""
+
+    def __init__(self, output_dir, fresh: bool = True):
+        self.path = Path(output_dir) / "completions.jsonl"
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self.path.write_text("")
+
+    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int):
+        """The first `count` samples of a step; per_name maps each reward's name to its scores."""
+        with self.path.open("a") as f:
+            for i in range(min(count, len(completions))):
+                row = {"step": step, "prompt": prompts[i], "completion": completions[i],
+                       "reward": float(rewards[i]),
+                       "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
+                f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSON-lines file; a missing file has none."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
 def read_metrics(output_dir) -> list[dict]:

@@ -29,7 +29,7 @@ from mlx_grpo.config import save_config
 from mlx_grpo.data import PromptStream, load_examples
 from mlx_grpo.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.log import MetricsLog, format_sample, format_step
+from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step
 from mlx_grpo.loss import (
     DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
 )
@@ -37,6 +37,7 @@ from mlx_grpo.model import add_adapters, adapters_disabled, load_base
 from mlx_grpo.overlong import overlong_penalty
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.watch import RunWatcher
 
 PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
 
@@ -295,6 +296,8 @@ def train(cfg, config_path: str | None = None) -> Path:
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.toml")
     log = MetricsLog(out, fresh=True)
+    samples_log = CompletionLog(out, fresh=True)
+    watcher = RunWatcher.from_config(cfg.logging)
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {out}")
 
@@ -327,11 +330,15 @@ def train(cfg, config_path: str | None = None) -> Path:
             "peak_memory_gb": mx.get_peak_memory() / 1e9,
         }
         log.write(metrics)
+        for warning in watcher.update(metrics):
+            tqdm.write(warning)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{step_time:.2f}s")
         if step % cfg.logging.log_every == 0 and update_metrics:
             tqdm.write(format_step(metrics))
             for i in range(min(cfg.logging.log_completions, len(drawn.rollout.texts))):
                 tqdm.write(format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i]))
+            samples_log.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
+                              cfg.logging.log_completions)
         if step % cfg.checkpoint.save_every == 0 or step == t.max_steps:
             ckpt = save_checkpoint(
                 out, step, model=model, tokenizer=tokenizer, optimizer=optimizer, cfg=cfg,
@@ -339,5 +346,7 @@ def train(cfg, config_path: str | None = None) -> Path:
                 trainer_state={"data_position": stream.position},
             )
     bar.close()
+    if watcher.summary():
+        print(watcher.summary())
     print(f"mlx-grpo: done; final checkpoint {ckpt}")
     return ckpt

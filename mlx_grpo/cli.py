@@ -33,6 +33,44 @@ def _train(sub):
     return run
 
 
+@command("report", "plot runs' metrics (overlaid) into a PNG, or an HTML page with sample completions")
+def _report(sub):
+    sub.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (several are overlaid)")
+    sub.add_argument("--out", metavar="FILE", help="FILE.png or FILE.html (default: report.html in the run folder)")
+
+    def run(args):
+        from mlx_grpo.report import write_report
+
+        print(f"mlx-grpo report: wrote {write_report(args.runs, args.out)}")
+
+    return run
+
+
+@command("sweep", "short runs varying config values (an ablation, or --grid), then a table and a report")
+def _sweep(sub):
+    sub.add_argument("--config", required=True, help="TOML profile the runs start from")
+    sub.add_argument("--vary", action="append", default=[], required=True, metavar="KEY=V1,V2,...",
+                     help="values to try for one key, e.g. --vary grpo.beta=0,0.04,0.1 (repeatable)")
+    sub.add_argument("--steps", type=int, help="training.max_steps of every run")
+    sub.add_argument("--grid", action="store_true", help="every combination of the --vary values, "
+                     "instead of one key at a time")
+    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                     help="override a config key in every run (repeatable)")
+
+    def run(args):
+        from mlx_grpo.report import ReportError, write_report
+        from mlx_grpo.sweep import results_table, run_sweep
+
+        results = run_sweep(args.config, args.vary, steps=args.steps, grid=args.grid, overrides=args.overrides)
+        print(results_table(results))
+        try:
+            print(f"mlx-grpo sweep: wrote {write_report([r['dir'] for r in results])}")
+        except ReportError as e:  # the runs are done and tabulated; only the picture is missing
+            print(f"mlx-grpo sweep: no report: {e}", file=sys.stderr)
+
+    return run
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="mlx-grpo",

@@ -2,6 +2,7 @@
 
 from mlx_grpo.config import ConfigError
 from mlx_grpo.data import DataError
+from mlx_grpo.report import ReportError
 from mlx_grpo.rewards import RewardError
 
 
@@ -9,4 +10,4 @@ class TrainingError(RuntimeError):
     """The run cannot go on; the message says why and where."""
 
 
-USER_ERRORS = (ConfigError, DataError, RewardError, TrainingError, FileNotFoundError)
+USER_ERRORS = (ConfigError, DataError, RewardError, ReportError, TrainingError, FileNotFoundError)

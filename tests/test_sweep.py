@@ -1,9 +1,12 @@
 """`mlx-grpo sweep`: variants (ablation or grid), checked before training, run and tabulated."""
 
+import json
+import sys
 import tomllib
 
 import pytest
 
+import mlx_grpo.sweep
 from mlx_grpo.cli import main
 from mlx_grpo.config import ConfigError
 from mlx_grpo.log import read_metrics
@@ -80,3 +83,15 @@ def test_sweep_of_two_values_runs_and_tabulates(tmp_path, capsys):
     assert table[2].split()[1] == f"{final:.3f}"
     assert (root / "report.html").stat().st_size > 10_000
     assert f"wrote {root / 'report.html'}" in out
+
+
+def test_sweep_without_matplotlib_still_tabulates(tmp_path, capsys, monkeypatch):
+    (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.25}) + "\n")
+    row = {"name": "grpo.beta=0", "dir": str(tmp_path), "final_reward": 0.25, "best_reward": 0.25, "best_step": 1,
+           "eval": {}, "kl": None, "wall_time_s": 1.0, "peak_memory_gb": None}
+    monkeypatch.setattr(mlx_grpo.sweep, "run_sweep", lambda *a, **k: [row])
+    monkeypatch.setitem(sys.modules, "matplotlib", None)
+    assert main(["sweep", "--config", SMOKE, "--vary", "grpo.beta=0"]) == 0
+    captured = capsys.readouterr()
+    assert captured.out.splitlines()[-1].split() == ["grpo.beta=0", "0.250", "0.250", "(1)", "-", "1.0", "-"]
+    assert captured.err.startswith("mlx-grpo sweep: no report: plotting needs matplotlib")

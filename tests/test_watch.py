@@ -66,6 +66,8 @@ def test_grad_norm_spike_against_running_median():
     w = RunWatcher()
     printed = feed(w, with_(healthy(60), grad_norm=lambda t, v: 30.0 if t == 40 else 1.0 + 0.01 * (t % 3)))
     assert list(printed) == [40] and "10x its running median 1.01" in printed[40][0]
+    w = RunWatcher()  # judged from step 6: five steps give the median its footing
+    assert list(feed(w, with_(healthy(10), grad_norm=lambda t, v: 50.0 if t in (5, 6) else 1.0))) == [6]
     w = RunWatcher()  # 9x the median is below the default factor of 10
     assert feed(w, with_(healthy(60), grad_norm=lambda t, v: 9.0 if t == 40 else 1.0)) == {}
 

@@ -22,15 +22,17 @@ PANELS = [
     ("reward_std", "reward std"),
     ("frac_reward_zero_std", "frac_reward_zero_std (groups with no signal)"),
     ("kl", "KL to the reference"),
+    ("entropy", "entropy of the policy (nats per token)"),
     ("completions/mean_length", "completion length (tokens)"),
     ("completions/clipped_ratio", "completions hitting max_new_tokens"),
+    ("clip_ratio/region_mean", "tokens with the policy ratio clipped"),
     ("grad_norm", "grad norm (before clipping)"),
     ("learning_rate", "learning rate"),
     ("tokens_per_second", "tokens / s"),
     ("peak_memory_gb", "peak memory (GB)"),
 ]
-FRACTIONS = {"frac_reward_zero_std", "completions/clipped_ratio"}  # drawn on a fixed 0..1 axis
-NONNEGATIVE = {"reward_std", "kl", "completions/mean_length", "grad_norm", "learning_rate",
+FRACTIONS = {"frac_reward_zero_std", "completions/clipped_ratio", "clip_ratio/region_mean"}  # drawn on a fixed 0..1 axis
+NONNEGATIVE = {"reward_std", "kl", "entropy", "completions/mean_length", "grad_norm", "learning_rate",
                "tokens_per_second", "peak_memory_gb"}  # axis from 0, so small wiggles look small
 COLUMNS = 3
 MAX_SAMPLE_STEPS = 50  # steps of sample completions shown per run on the HTML page
@@ -110,6 +112,8 @@ def panel_keys(runs) -> list[tuple[str, str]]:
 def draw(runs, labels):
     """The figure: one panel per metric, every run overlaid."""
     plt = require_matplotlib()
+    from matplotlib.ticker import MaxNLocator
+
     keys = panel_keys(runs)
     nrows = math.ceil(len(keys) / COLUMNS)
     fig, axes = plt.subplots(nrows, COLUMNS, figsize=(5.2 * COLUMNS, 3.3 * nrows), squeeze=False)
@@ -126,6 +130,7 @@ def draw(runs, labels):
             ax.plot(steps, smooth(values), color=color, linewidth=1.8, label=labels[i])
         ax.set_title(title, fontsize=10)
         ax.set_xlabel("step", fontsize=8)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))  # steps, never 1.25
         ax.tick_params(labelsize=8)
         ax.grid(alpha=0.3)
         if key in FRACTIONS:

@@ -5,7 +5,7 @@ returns the warnings to print now. Each kind of warning is printed in full the f
 time it fires; later firings are only counted, and `summary()` reports the counts at the
 end of the run. Pure Python on plain numbers: no MLX, no I/O, so it is tested on
 synthetic metric streams. The thresholds are the `warn_*` keys of `[logging]`; 0 turns a
-check off.
+check off (for no-signal, 0 steps).
 """
 
 from collections import deque

@@ -22,6 +22,8 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 
+from mlx_grpo.summary_rewards import coverage, faithfulness, length_band, no_copy
+
 RewardFn = Callable[..., list[float]]
 
 
@@ -138,6 +140,11 @@ REWARDS: dict[str, RewardFn] = {
     "gsm8k_correctness": gsm8k_correctness,
     "xml_format": xml_format,
     "rouge_l": rouge_l,
+    # reference-free summary rewards (summary_rewards.py): they compare a completion with its prompt
+    "length_band": length_band,
+    "coverage": coverage,
+    "faithfulness": faithfulness,
+    "no_copy": no_copy,
 }
 
 

@@ -1,0 +1,195 @@
+"""The TL;DR task on the shipped real data: the samples, the profile, and that the rewards
+measure what they claim (references far above mismatched or copied text)."""
+
+import hashlib
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+import pytest
+
+from mlx_grpo.config import load_config
+from mlx_grpo.data import load_examples
+from mlx_grpo.rewards import REWARDS, RewardSet, extract_reference_number, gsm8k_correctness
+
+REPO = Path(__file__).parent.parent
+DATA = REPO / "data"
+PROFILE = REPO / "configs" / "tldr.toml"
+
+
+def _load_script(name):
+    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+baselines = _load_script("tldr_baselines")
+
+
+@pytest.fixture(scope="module")
+def rows():
+    return baselines.load_rows(DATA / "tldr_sample.jsonl")
+
+
+@pytest.fixture(scope="module")
+def scores(rows):
+    """candidate -> reward name -> per-post scores, for the five TL;DR rewards."""
+    posts, refs = [r["post"] for r in rows], [r["summary"] for r in rows]
+    names = ["rouge_l", "length_band", "coverage", "faithfulness", "no_copy"]
+    return {cand: {n: REWARDS[n](posts, texts, refs) for n in names}
+            for cand, texts in baselines.candidates(rows).items()}
+
+
+@pytest.fixture(scope="module")
+def table(rows):
+    return baselines.score_table(rows, {r.name: r.weight for r in load_config(PROFILE).rewards})
+
+
+def mean(xs):
+    return sum(xs) / len(xs)
+
+
+def test_sources_lists_every_shipped_file_with_its_sha1_and_rows():
+    sources = (DATA / "SOURCES.md").read_text()
+    shipped = sorted(DATA.glob("*.jsonl"))
+    assert {"gsm8k_sample.jsonl", "tldr_sample.jsonl"} <= {p.name for p in shipped}
+    for path in shipped:  # every data file shipped, with its row count, size and checksum
+        row = re.search(rf"\| {path.name} \| (\d+) \| ([\d,]+) \| ([0-9a-f]{{40}}) \|", sources)
+        assert row, f"{path.name} has no row in data/SOURCES.md"
+        lines = path.read_bytes().splitlines()
+        assert int(row[1]) == len(lines)
+        assert int(row[2].replace(",", "")) == path.stat().st_size
+        assert row[3] == hashlib.sha1(path.read_bytes()).hexdigest()
+    for attribution in ("CC-BY-4.0", "arXiv:2009.01325", "W17-4508", "Copyright (c) 2021 OpenAI"):
+        assert attribution in sources
+
+
+def test_sampling_is_seeded_and_keeps_source_order():
+    sample = _load_script("sample_data")
+    lines = [f"{i}\n".encode() for i in range(50)]
+    picked = sample.sample_lines(lines, 10, seed=0)
+    assert picked == sample.sample_lines(lines, 10, seed=0) != sample.sample_lines(lines, 10, seed=1)
+    assert [int(x) for x in picked] == sorted(int(x) for x in picked) and len(set(picked)) == 10
+
+
+def test_tldr_rows_are_complete_text(rows):
+    assert len(rows) == 200
+    for row in rows:
+        assert set(row) == {"post", "summary", "title", "subreddit"}
+        assert all(isinstance(v, str) and v == v.strip() and v for v in row.values())
+
+
+def test_reference_far_above_another_posts_summary(scores):
+    """Relevance rewards: the post's own summary vs. the next post's (a fluent, on-length,
+    off-topic summary), in the mean and post by post."""
+    ref, other = scores["reference"], scores["other post"]
+    assert mean(ref["rouge_l"]) == pytest.approx(1.0)
+    for name, min_wins in [("rouge_l", 1.0), ("coverage", 0.8), ("faithfulness", 0.8)]:
+        assert mean(ref[name]) >= 3 * mean(other[name]) and mean(ref[name]) - mean(other[name]) >= 0.2, name
+        wins = mean([r > o for r, o in zip(ref[name], other[name])])
+        assert wins >= min_wins, f"{name}: the reference wins on only {wins:.0%} of the posts"
+
+
+def test_form_rewards_separate_what_they_claim(scores):
+    """length_band and no_copy ignore what a summary says, so a mismatched summary scores the
+    same; they are checked against what they do measure: length (the whole post) and copying
+    (lead-3, a verbatim excerpt)."""
+    ref = scores["reference"]
+    # a rotation of the same summaries: the same multiset of lengths, the same mean exactly
+    assert mean(ref["length_band"]) == mean(scores["other post"]["length_band"]) > 0.99
+    assert mean(scores["whole post"]["length_band"]) < 0.05
+    assert mean(ref["no_copy"]) > 0.9 and mean(scores["lead-3"]["no_copy"]) == 0.0
+    assert abs(mean(ref["no_copy"]) - mean(scores["other post"]["no_copy"])) < 0.1
+
+
+def test_profile_weights_rank_reference_extract_offtopic_post(table):
+    for total in ("total", "total (no ref)"):
+        ranked = sorted(table, key=lambda cand: -table[cand][total])
+        assert ranked == ["reference", "lead-3", "other post", "whole post"], total
+
+
+def test_profile_header_table_matches_the_script(table):
+    header = {m[1]: [float(x) for x in m[2].split()] for m in
+              re.finditer(r"^#   (reference|lead-3|other post|whole post) +([\d. |]+)$",
+                          PROFILE.read_text().replace("|", " "), re.M)}
+    assert len(header) == 4
+    for cand, numbers in header.items():
+        assert numbers == pytest.approx(list(table[cand].values()), abs=5e-4), cand
+
+
+def test_script_prints_the_table(tmp_path, capsys):
+    data = tmp_path / "few.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in baselines.load_rows(DATA / "tldr_sample.jsonl")[:5]))
+    baselines.main(["--data", str(data), "--config", str(PROFILE)])
+    out = capsys.readouterr().out.splitlines()
+    assert out[1] == ("| candidate | rouge_l | length_band | coverage | faithfulness | no_copy | total "
+                      "| total (no ref) |")
+    assert out[3].startswith("| reference | 1.000 |") and len(out) == 7
+    # every lead-3 is a verbatim excerpt of its post: faithful, all copied
+    assert out[4].startswith("| lead-3 |") and out[4].split(" | ")[4:6] == ["1.000", "0.000"]
+
+
+def test_script_rejects_rows_without_summary(tmp_path):
+    data = tmp_path / "bad.jsonl"
+    data.write_text(json.dumps({"post": "a post", "summary": " "}) + "\n")
+    with pytest.raises(SystemExit, match=r"bad.jsonl: row 0 needs a non-empty text field 'summary'"):
+        baselines.load_rows(data)
+
+
+def test_profile_reads_the_shipped_sample(tiny):
+    cfg = load_config(PROFILE, [f"data.dataset={DATA / 'tldr_sample.jsonl'}"])
+    examples = load_examples(cfg.data, tiny[1])
+    rows = baselines.load_rows(DATA / "tldr_sample.jsonl")
+    assert len(examples) == 200  # max_prompt_tokens = 2048 keeps every post
+    assert [e.question for e in examples] == [r["post"] for r in rows]
+    assert [e.answer for e in examples] == [r["summary"] for r in rows]
+    assert cfg.data.system_prompt in examples[0].prompt and "TL;DR" in cfg.data.system_prompt
+    reward_set = RewardSet.from_config(cfg.rewards)
+    total, per_name = reward_set([e.question for e in examples[:4]], [e.answer for e in examples[:4]],
+                                 [e.answer for e in examples[:4]])
+    assert list(per_name) == ["rouge_l", "length_band", "coverage", "faithfulness", "no_copy"]
+    assert all(1.0 < t <= 3.0 for t in total)  # rouge_l 1.0 plus four 0.5-weighted scores in [0, 1]
+
+
+def test_reference_free_override_gives_no_answers(tiny):
+    cfg = load_config(PROFILE, [f"data.dataset={DATA / 'tldr_sample.jsonl'}", "data.answer_field="])
+    examples = load_examples(cfg.data, tiny[1])
+    assert {e.answer for e in examples} == {None}
+    posts = [e.question for e in examples[:3]]
+    assert REWARDS["rouge_l"](posts, ["a summary"] * 3, [None] * 3) == [0.0] * 3  # a constant
+
+
+def test_gsm8k_sample_answers_all_parse_and_match(tiny):
+    cfg = load_config(None, [f"data.dataset={DATA / 'gsm8k_sample.jsonl'}"])
+    examples = load_examples(cfg.data, tiny[1])
+    assert len(examples) == 200
+    numbers = [extract_reference_number(e.answer) for e in examples]
+    assert None not in numbers
+    completions = [f"<reasoning>\n...\n</reasoning>\n<answer>\n{n}\n</answer>" for n in numbers]
+    assert gsm8k_correctness([e.question for e in examples], completions, [e.answer for e in examples]) == [1.0] * 200
+    assert json.loads((DATA / "gsm8k_sample.jsonl").read_text().splitlines()[0])["answer"].count("####") == 1
+
+
+@pytest.mark.slow  # ~25 s on a loaded 2-core machine, most of it imports and data loading
+def test_one_grpo_step_with_the_profile(tmp_path, rows):
+    """The profile's fields, prompt and rewards through the real loop, on the tiny model. The
+    posts are cut to their first three sentences: full posts are ~1,100 tiny-tokenizer tokens,
+    which makes a CPU step take a minute."""
+    from mlx_grpo.log import read_metrics
+    from mlx_grpo.train import train
+
+    data = tmp_path / "short.jsonl"
+    data.write_text("".join(json.dumps({**r, "post": lead}) + "\n"
+                            for r, lead in zip(rows[:4], baselines.candidates(rows[:4])["lead-3"])))
+    cfg = load_config(PROFILE, [
+        "model.path=builtin:tiny", "model.dtype=float32", f"data.dataset={data}",
+        "training.max_steps=1", "training.prompts_per_step=2", "generation.num_generations=2",
+        "generation.max_new_tokens=16", "training.micro_batch_size=0", f'output_dir="{tmp_path / "run"}"',
+    ])
+    train(cfg)
+    (row,) = read_metrics(cfg.output_dir)
+    for name in ("rouge_l", "length_band", "coverage", "faithfulness", "no_copy"):
+        assert 0.0 <= row[f"rewards/{name}/mean"] <= 1.0, name
+    assert row["completions/mean_length"] <= 16 and row["loss"] == row["loss"]  # finite, not NaN

@@ -16,8 +16,18 @@ from mlx.utils import tree_flatten, tree_unflatten
 import mlx_lm.utils
 
 from mlx_grpo.config import save_config
+from mlx_grpo.errors import TrainingError
 
 _PREFIX = "step_"
+
+
+class CheckpointError(TrainingError):
+    """Writing a checkpoint failed; the message says where, why and what is still intact."""
+
+    def __init__(self, step: int, tmp: Path, error: Exception, previous: Path | None):
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        reason = getattr(error, "strerror", None) or " ".join(str(error).split())
+        super().__init__(f"checkpoint: cannot write step {step} to {tmp} ({reason}); {kept}")
 
 
 def checkpoint_dir(output_dir, step: int) -> Path:
@@ -65,13 +75,17 @@ def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_
     final = checkpoint_dir(output_dir, step)
     tmp = final.with_name(final.name + ".tmp")
     shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    _write_weights(tmp, model, tokenizer, cfg, base_path, num_layers)
-    opt_state = dict(tree_flatten(optimizer.state))
-    mx.save_safetensors(str(tmp / "optimizer.safetensors"), opt_state)
-    save_config(cfg, tmp / "config.toml")
-    # trainer_state.json goes last: its presence marks the folder complete.
-    (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+    try:
+        tmp.mkdir(parents=True)
+        _write_weights(tmp, model, tokenizer, cfg, base_path, num_layers)
+        opt_state = dict(tree_flatten(optimizer.state))
+        mx.save_safetensors(str(tmp / "optimizer.safetensors"), opt_state)
+        save_config(cfg, tmp / "config.toml")
+        # trainer_state.json goes last: its presence marks the folder complete.
+        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+    except (OSError, RuntimeError) as e:  # a full disk (MLX raises RuntimeError): earlier ones stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(step, tmp, e, latest_checkpoint(output_dir)) from e
     if final.exists():
         shutil.rmtree(final)
     tmp.rename(final)

@@ -2,6 +2,7 @@
 library function. `mlx-grpo --config FILE` is short for `mlx-grpo train --config FILE`."""
 
 import argparse
+import shlex
 import sys
 
 COMMANDS = {}
@@ -22,13 +23,28 @@ def _train(sub):
         "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
         help="override a config key with a TOML value, e.g. --set training.max_steps=20 (repeatable)",
     )
+    start = sub.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint in output_dir (as checkpoint.resume = true)")
+    start.add_argument("--overwrite", action="store_true", help="replace a run already in output_dir")
+    sub.add_argument("--force", action="store_true",
+                     help="resume even though the config differs from the run's")
 
     def run(args):
         from mlx_grpo.config import load_config
+        from mlx_grpo.stopping import RunStopped
         from mlx_grpo.train import train
 
         cfg = load_config(args.config, args.overrides)
-        train(cfg, config_path=args.config)
+        cfg.checkpoint.resume = cfg.checkpoint.resume or args.resume
+        try:
+            train(cfg, config_path=args.config, overwrite=args.overwrite, force=args.force)
+        except RunStopped as e:
+            again = " ".join(["mlx-grpo train --config", shlex.quote(args.config),
+                              *(f"--set {shlex.quote(o)}" for o in args.overrides), "--resume"])
+            print(f"mlx-grpo: {e}\nmlx-grpo: resume with: {again}", file=sys.stderr)
+            return e.exit_code
+        return 0
 
     return run
 
@@ -96,11 +112,11 @@ def main(argv=None):
     from mlx_grpo.errors import USER_ERRORS
 
     try:
-        runners[args.command](args)
+        code = runners[args.command](args)
     except USER_ERRORS as e:
         print(f"mlx-grpo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         print("mlx-grpo: interrupted", file=sys.stderr)
         return 130
-    return 0
+    return code or 0

@@ -119,6 +119,7 @@ class TrainingConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
     max_grad_norm: float = 1.0  # 0 = no clipping
     grad_checkpoint: bool = False
+    max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping
 
 
 @dataclass
@@ -138,6 +139,7 @@ class LoggingConfig:
 class CheckpointConfig:
     save_every: int = 50
     keep_last: int = 3
+    resume: bool = False  # continue from the newest checkpoint in output_dir (as --resume)
 
 
 @dataclass
@@ -175,7 +177,15 @@ def _one_of(*allowed: object) -> Rule:
 
 _UNIT: Rule = (lambda v: 0 <= v < 1), "in [0, 1)"
 
+_NON_EMPTY: Rule = (lambda v: bool(v.strip())), "a non-empty string"
+
 RULES: dict[str, Rule] = {
+    "seed": ((lambda v: 0 <= v < 2**63), "in [0, 2**63)"),
+    "output_dir": _NON_EMPTY,
+    "model.path": _NON_EMPTY,
+    "data.dataset": _NON_EMPTY,
+    "data.split": _NON_EMPTY,
+    "data.prompt_field": _NON_EMPTY,
     "model.dtype": _one_of("float32", "float16", "bfloat16"),
     "model.quantize_bits": _one_of(0, 4, 8),
     "model.quantize_group_size": _one_of(32, 64, 128),
@@ -220,6 +230,7 @@ RULES: dict[str, Rule] = {
         (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values, each in [0, 1)"
     ),
     "training.max_grad_norm": _at_least(0),
+    "training.max_bad_steps": _at_least(0),
     "logging.log_every": _at_least(1),
     "logging.log_completions": _at_least(0),
     "logging.warn_zero_std_frac": _UNIT,

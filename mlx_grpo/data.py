@@ -8,6 +8,7 @@ tokenized chat prompt and the reference answer the rewards compare against.
 from dataclasses import dataclass
 from pathlib import Path
 import random
+import sys
 
 BUILTIN_SIZES = {"train": 4000, "test": 200}
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
@@ -77,8 +78,19 @@ def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:
     return value
 
 
+def has_chat_template(tokenizer) -> bool:
+    return bool(getattr(tokenizer, "has_chat_template", getattr(tokenizer, "chat_template", None)))
+
+
+def plain_prompt(question: str, system_prompt: str = "") -> str:
+    """The prompt for a tokenizer without a chat template."""
+    return (f"{system_prompt}\n\n" if system_prompt else "") + f"User: {question}\nAssistant:"
+
+
 def render_prompt(tokenizer, question: str, system_prompt: str = "") -> str:
-    """The chat-template text that the model continues with its answer."""
+    """The chat-template text that the model continues with its answer (plain text without one)."""
+    if not has_chat_template(tokenizer):
+        return plain_prompt(question, system_prompt)
     messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
     messages.append({"role": "user", "content": question})
     return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
@@ -104,6 +116,9 @@ def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None) -> li
     rows = load_rows(cfg.dataset, cfg.subset, split or cfg.split, seed)
     if not rows:
         raise DataError(f"data.dataset: {cfg.dataset!r} has no rows")
+    if not has_chat_template(tokenizer):
+        print("mlx-grpo: warning: the model's tokenizer has no chat template; prompts use the plain "
+              "'User: ...\\nAssistant:' format", file=sys.stderr)
     examples, skipped = build_examples(rows, tokenizer, cfg, label=cfg.dataset)
     if skipped:
         print(f"data: skipped {skipped} of {len(rows)} prompts longer than data.max_prompt_tokens={cfg.max_prompt_tokens}")

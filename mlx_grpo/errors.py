@@ -10,4 +10,16 @@ class TrainingError(RuntimeError):
     """The run cannot go on; the message says why and where."""
 
 
-USER_ERRORS = (ConfigError, DataError, RewardError, ReportError, TrainingError, FileNotFoundError)
+class NonFiniteError(TrainingError):
+    """A NaN or inf in the loss or the gradients; the update was not applied."""
+
+    def __init__(self, metric: str, value: float):
+        self.metric, self.value = metric, value
+        super().__init__(f"non-finite {metric} ({value}); the update was not applied")
+
+
+class ModelError(ValueError):
+    """A model folder or setting that cannot be loaded as configured."""
+
+
+USER_ERRORS = (ConfigError, DataError, RewardError, ReportError, TrainingError, ModelError, FileNotFoundError)

@@ -50,6 +50,25 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
+def truncate_jsonl(path, last_step: int) -> None:
+    """Keep the rows of a JSON-lines log up to `last_step`, so a resumed run writes no step twice.
+
+    Rows after the checkpoint, and a last line cut short by a kill, are dropped.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if row.get("step", 0) <= last_step:
+            kept.append(line + "\n")
+    path.write_text("".join(kept))
+
+
 def read_metrics(output_dir) -> list[dict]:
     path = Path(output_dir) / "metrics.jsonl"
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

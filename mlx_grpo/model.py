@@ -20,6 +20,8 @@ from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from mlx_grpo.errors import ModelError
+
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 _ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
 
@@ -57,24 +59,50 @@ def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remo
     return str(dst)
 
 
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_folder(path: str) -> None:
+    """A local model folder must hold config.json, safetensors weights and a tokenizer.
+
+    Weights are read from safetensors only (as mlx-lm does): pickle files can run code.
+    A path that is not a folder is left to the hub (mlx-lm downloads safetensors only).
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        if path.startswith((".", "/", "~")):
+            raise ModelError(f"model.path: folder {path!r} does not exist")
+        return
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"model.path: {path} has no config.json")
+    if not list(folder.glob("model*.safetensors")):
+        pickles = sorted(f.name for f in folder.iterdir() if f.suffix in _PICKLES)
+        found = f" (found {', '.join(pickles)}: pickle weights are never loaded)" if pickles else ""
+        raise ModelError(f"model.path: {path} has no model*.safetensors weights{found}; "
+                         "convert the model to safetensors first")
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelError(f"model.path: {path} has no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
+
+
 def load_base(model_cfg, path: str | None = None):
     """(model, tokenizer, local_path) for the configured base model, in eval mode.
 
     `path` is a local path returned by an earlier call, to load a second copy as it was.
     """
+    remote = model_cfg.trust_remote_code  # off unless the config sets it
     if path is not None:
-        model, tokenizer = mlx_lm.load(path, trust_remote_code=model_cfg.trust_remote_code)
+        model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
+                                       trust_remote_code=remote)
         model.set_dtype(DTYPES[model_cfg.dtype])
         return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
+    check_model_folder(path)
     if model_cfg.quantize_bits:
         path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,
                               model_cfg.dtype, model_cfg.trust_remote_code)
-    model, tokenizer = mlx_lm.load(
-        path,
-        tokenizer_config={"trust_remote_code": model_cfg.trust_remote_code},
-        trust_remote_code=model_cfg.trust_remote_code,
-    )
+    model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
+                                   trust_remote_code=remote)
     # Quantized weights keep their packing; only float tensors are cast.
     model.set_dtype(DTYPES[model_cfg.dtype])
     local = Path(path) if Path(path).exists() else mlx_lm.utils.hf_repo_to_path(path)
@@ -99,12 +127,12 @@ def add_adapters(model, lora_cfg, use_dora: bool = False) -> int:
     found = {name.split(".")[-1] for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)}
     wanted = {k.split(".")[-1] for k in lora_cfg.target_modules}
     if not found:
-        raise ValueError(
+        raise ModelError(
             f"lora.target_modules: none of {list(lora_cfg.target_modules)} is a linear layer of this model"
         )
     missing = wanted - found
     if missing:
-        raise ValueError(f"lora.target_modules: {sorted(missing)} matched no layer of this model")
+        raise ModelError(f"lora.target_modules: {sorted(missing)} matched no layer of this model")
     return num_layers
 
 

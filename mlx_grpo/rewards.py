@@ -209,7 +209,9 @@ class RewardSet:
     A weight of 0 still computes the reward, so it is logged as a metric without training on it.
     """
 
-    def __init__(self, items: list[tuple[str, float]], base_dir: str | Path | None = None):
+    def __init__(self, items: list[tuple[str, float]], base_dir: str | Path | None = None,
+                 group_size: int = 1):
+        self.group_size = group_size  # completions per prompt, so errors can name the prompt
         if not items:
             raise RewardError("no rewards configured: give at least one (name, weight)")
         names = [name for name, _ in items]
@@ -226,15 +228,16 @@ class RewardSet:
         self.fns = {key: resolve_reward(name, base_dir) for key, name in zip(self.keys, names)}
 
     @classmethod
-    def from_config(cls, items, base_dir: str | Path | None = None) -> RewardSet:
+    def from_config(cls, items, base_dir: str | Path | None = None, group_size: int = 1) -> RewardSet:
         """Items are dicts with 'name'/'weight' keys or objects with .name/.weight attributes."""
-        return cls([(_field(item, "name"), _field(item, "weight")) for item in items], base_dir)
+        return cls([(_field(item, "name"), _field(item, "weight")) for item in items], base_dir, group_size)
 
     def __call__(self, prompts, completions, answers, **kwargs) -> tuple[list[float], dict[str, list[float]]]:
         n = len(completions)
         if len(prompts) != n or len(answers) != n:
             raise RewardError(f"got {len(prompts)} prompts, {n} completions and {len(answers)} answers")
-        per_name = {k: _score(k, fn, prompts, completions, answers, kwargs) for k, fn in self.fns.items()}
+        per_name = {k: _score(k, fn, prompts, completions, answers, kwargs, self.group_size)
+                    for k, fn in self.fns.items()}
         total = [sum(self.weights[k] * per_name[k][i] for k in self.keys) for i in range(n)]
         return total, per_name
 
@@ -246,7 +249,11 @@ def _field(item, key: str):
         raise RewardError(f"reward entry {item!r} has no {key!r}") from None
 
 
-def _score(key, fn, prompts, completions, answers, kwargs) -> list[float]:
+def _sample(i: int, completions, group_size: int) -> str:
+    return f"sample {i} (prompt {i // group_size}, completion {completions[i][:80]!r})"
+
+
+def _score(key, fn, prompts, completions, answers, kwargs, group_size: int = 1) -> list[float]:
     """Run one reward on the batch and check its scores; any failure raises naming reward and sample."""
     try:
         out = fn(prompts, completions, answers, **kwargs)
@@ -256,7 +263,7 @@ def _score(key, fn, prompts, completions, answers, kwargs) -> list[float]:
             try:
                 fn(prompts[i : i + 1], completions[i : i + 1], answers[i : i + 1], **kwargs)
             except Exception:
-                where = f"sample {i} (completion {completions[i][:80]!r})"
+                where = _sample(i, completions, group_size)
                 break
         raise RewardError(f"reward {key!r} raised {_describe(e)} on {where}") from e
     try:
@@ -269,7 +276,7 @@ def _score(key, fn, prompts, completions, answers, kwargs) -> list[float]:
     for i, s in enumerate(scores):
         if not _finite_real(s):
             raise RewardError(
-                f"reward {key!r} gave {s!r} ({type(s).__name__}) for sample {i}, expected a finite int "
-                f"or float (completion {completions[i][:80]!r})"
+                f"reward {key!r} gave {s!r} ({type(s).__name__}) for {_sample(i, completions, group_size)}, "
+                "expected a finite int or float"
             )
     return [float(s) for s in scores]

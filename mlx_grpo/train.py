@@ -28,15 +28,17 @@ from mlx_grpo.checkpoint import save_checkpoint
 from mlx_grpo.config import save_config
 from mlx_grpo.data import PromptStream, load_examples
 from mlx_grpo.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
-from mlx_grpo.errors import TrainingError
-from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step
+from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
 from mlx_grpo.loss import (
     DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
 )
 from mlx_grpo.model import add_adapters, adapters_disabled, load_base
 from mlx_grpo.overlong import overlong_penalty
+from mlx_grpo.resume import capture_rng, open_run, restore_rng, restore_training_state
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.stopping import RunStopped, StopRequest
 from mlx_grpo.watch import RunWatcher
 
 PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
@@ -181,10 +183,9 @@ def update(model, optimizer, batches, loss_fn, cfg):
     else:
         grad_norm = optim.clip_grad_norm(grads, float("inf"))[1]
     mx.eval(grad_norm)
-    if not math.isfinite(total_loss) or not math.isfinite(grad_norm.item()):
-        raise TrainingError(
-            f"non-finite loss ({total_loss}) or grad_norm ({grad_norm.item()}); the update was not applied"
-        )
+    for name, value in (("loss", total_loss), ("grad_norm", grad_norm.item())):
+        if not math.isfinite(value):
+            raise NonFiniteError(name, value)
     optimizer.update(model, grads)
     mx.eval(model.parameters(), optimizer.state)
     metrics = {key: v / max(tokens, 1.0) for key, v in sums.items()}
@@ -268,12 +269,31 @@ def rollout_metrics(rollout, rewards, per_name, cfg) -> dict:
     return out
 
 
-def train(cfg, config_path: str | None = None) -> Path:
-    """Run GRPO as configured; returns the final checkpoint folder."""
+def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int, ckpt) -> int:
+    """Count one bad step; past training.max_bad_steps stop, naming step, metric and checkpoint."""
+    bad_steps += 1
+    last = f"last good checkpoint {ckpt}" if ckpt else "no checkpoint written yet"
+    if bad_steps > max_bad:
+        raise TrainingError(
+            f"step {step}: non-finite {error.metric} ({error.value}), the update was not applied; "
+            f"{last}; training.max_bad_steps = {max_bad} allows skipping that many bad steps"
+        ) from error
+    tqdm.write(f"mlx-grpo: step {step}: non-finite {error.metric} ({error.value}); update skipped "
+               f"({bad_steps} of training.max_bad_steps = {max_bad})")
+    return bad_steps
+
+
+def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False) -> Path:
+    """Run GRPO as configured; returns the final checkpoint folder.
+
+    With cfg.checkpoint.resume the run continues from the newest checkpoint in output_dir;
+    `overwrite` replaces a run found there, `force` resumes despite config differences.
+    """
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     base_dir = Path(config_path).parent if config_path else None
-    reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir)
+    reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=cfg.generation.num_generations)
+    start = open_run(cfg, overwrite=overwrite, force=force)  # before any slow work or any write
     model, tokenizer, base_path, num_layers = build_policy(cfg)
     ref_model = None
     if cfg.grpo.beta > 0 and not cfg.lora.enabled:
@@ -287,7 +307,7 @@ def train(cfg, config_path: str | None = None) -> Path:
             f"data.dataset: {len(examples)} usable prompts, fewer than the "
             f"{prompts_per_update} one step needs (training.prompts_per_step * gradient_accumulation_steps)"
         )
-    stream = PromptStream(examples, cfg.data.shuffle, cfg.seed)
+    stream = PromptStream(examples, cfg.data.shuffle, cfg.seed, position=start.data_position if start else 0)
     sampler = make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p)
     optimizer = optim.AdamW(
         learning_rate=make_lr_schedule(t, t.max_steps * g.num_iterations),
@@ -295,16 +315,43 @@ def train(cfg, config_path: str | None = None) -> Path:
     )
     out.mkdir(parents=True, exist_ok=True)
     save_config(cfg, out / "config.toml")
-    log = MetricsLog(out, fresh=True)
-    samples_log = CompletionLog(out, fresh=True)
+    log = MetricsLog(out, fresh=start is None)
+    samples_log = CompletionLog(out, fresh=start is None)
     watcher = RunWatcher.from_config(cfg.logging)
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
     print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {out}")
 
     draw = lambda n: sample_and_score(model, tokenizer, stream.take(n), reward_set, sampler, cfg)
-    ckpt = None
-    bar = tqdm(range(1, t.max_steps + 1), desc="grpo", dynamic_ncols=True)
-    for step in bar:
+    ckpt, first, bad_steps = None, 1, 0
+    if start is not None:
+        restore_training_state(start, model, optimizer, cfg.lora.enabled)
+        for name in ("metrics.jsonl", "completions.jsonl"):
+            truncate_jsonl(out / name, start.step)
+        ckpt, first, bad_steps = start.checkpoint, start.step + 1, start.bad_steps
+        restore_rng(start.rng)  # last: model loading above drew random numbers
+        print(f"mlx-grpo: resumed from {ckpt} (step {start.step} of {t.max_steps})")
+
+    def save(step):
+        return save_checkpoint(
+            out, step, model=model, tokenizer=tokenizer, optimizer=optimizer, cfg=cfg,
+            base_path=base_path, num_layers=num_layers, keep_last=cfg.checkpoint.keep_last,
+            trainer_state={"data_position": stream.position, "bad_steps": bad_steps, "rng": capture_rng()},
+        )
+
+    stop = StopRequest()  # SIGINT/SIGTERM only set a flag, read once per step in end_of_step
+
+    def end_of_step(step, ckpt):
+        """Checkpoint when due or when a signal asked to stop; then stop if asked."""
+        if step % cfg.checkpoint.save_every == 0 or step == t.max_steps or stop.requested:
+            ckpt = save(step)
+        if stop.requested:
+            stop.restore()
+            raise RunStopped(stop.signum, step, ckpt)
+        return ckpt
+
+    bar = tqdm(range(first, t.max_steps + 1), desc="grpo", dynamic_ncols=True, initial=first - 1,
+               total=t.max_steps)
+    for step in stop.watch(bar):
         tic = time.perf_counter()
         mx.reset_peak_memory()
         if g.dynamic_sampling:
@@ -314,7 +361,11 @@ def train(cfg, config_path: str | None = None) -> Path:
             sampling_metrics = {}
         scored, step_cfg = step_groups(scored, cfg)
         if scored.rewards:
-            update_metrics = optimize(model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg)
+            try:
+                update_metrics = optimize(model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg)
+            except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
+                bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
+                update_metrics = {}
         else:
             update_metrics = {}
             tqdm.write(f"step {step}: no group had reward spread in "
@@ -339,12 +390,7 @@ def train(cfg, config_path: str | None = None) -> Path:
                 tqdm.write(format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i]))
             samples_log.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
                               cfg.logging.log_completions)
-        if step % cfg.checkpoint.save_every == 0 or step == t.max_steps:
-            ckpt = save_checkpoint(
-                out, step, model=model, tokenizer=tokenizer, optimizer=optimizer, cfg=cfg,
-                base_path=base_path, num_layers=num_layers, keep_last=cfg.checkpoint.keep_last,
-                trainer_state={"data_position": stream.position},
-            )
+        ckpt = end_of_step(step, ckpt)
     bar.close()
     if watcher.summary():
         print(watcher.summary())

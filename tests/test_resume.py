@@ -1,0 +1,229 @@
+"""Exact resume after SIGKILL and after SIGINT/SIGTERM, and which runs an output_dir accepts."""
+
+import json
+import os
+import random as pyrandom
+import signal
+import subprocess
+import sys
+import time
+
+import mlx.core as mx
+import numpy as np
+import pytest
+
+from mlx_grpo import cli
+from mlx_grpo.config import load_config, save_config
+from mlx_grpo.errors import TrainingError
+from mlx_grpo.log import read_metrics, truncate_metrics
+from mlx_grpo.resume import capture_rng, config_differences, open_run, restore_rng
+from mlx_grpo.train import train
+
+SMOKE = "configs/smoke_test.toml"
+RUN = ["training.prompts_per_step=2", "generation.max_new_tokens=16", "training.learning_rate=1e-3",
+       "checkpoint.save_every=1", "checkpoint.keep_last=20", "logging.log_completions=0"]
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+
+
+def _sets(out, steps, *extra):
+    items = RUN + [f"training.max_steps={steps}", f'output_dir="{out}"', *extra]
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def _metrics(out):
+    return [{k: v for k, v in row.items() if k not in TIMING} for row in read_metrics(out)]
+
+
+def _weights(ckpt, name):
+    return mx.load(str(ckpt / name))
+
+
+def _assert_bitwise(a: dict, b: dict):
+    assert a.keys() == b.keys() and a
+    different = [k for k in a if not mx.array_equal(a[k], b[k]).item()]
+    assert not different
+
+
+def test_rng_states_round_trip():
+    mx.random.seed(7), np.random.seed(7), pyrandom.seed(7)
+    mx.random.uniform(shape=(3,)), np.random.rand(), pyrandom.random()
+    state = json.loads(json.dumps(capture_rng()))  # as stored in trainer_state.json
+    first = (mx.random.uniform(shape=(4,)), np.random.rand(4), [pyrandom.random() for _ in range(4)])
+    mx.random.seed(99), np.random.seed(99), pyrandom.seed(99)
+    restore_rng(state)
+    again = (mx.random.uniform(shape=(4,)), np.random.rand(4), [pyrandom.random() for _ in range(4)])
+    assert mx.array_equal(first[0], again[0]).item()
+    assert np.array_equal(first[1], again[1]) and first[2] == again[2]
+
+
+def test_sigkill_after_a_checkpoint_then_resume_equals_uninterrupted_run(tmp_path):
+    """Full fine-tune, 4 steps; the killed run is a real process, killed with SIGKILL."""
+    steps = 4
+    ref = load_config(SMOKE, _sets(tmp_path / "ref", steps)[1::2])
+    train(ref)
+
+    out = tmp_path / "killed"
+    cmd = [sys.executable, "-m", "mlx_grpo", "train", "--config", SMOKE, *_sets(out, steps)]
+    proc = subprocess.Popen(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    first = out / "checkpoints" / "step_000002"
+    deadline = time.monotonic() + 120
+    while not first.exists() and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    time.sleep(pyrandom.Random(5).uniform(0.0, 0.4))  # some point after the checkpoint
+    proc.send_signal(signal.SIGKILL)
+    _, err = proc.communicate()
+    assert proc.returncode == -signal.SIGKILL, err.decode()[-2000:]
+    killed_at = max(int(p.name[5:11]) for p in (out / "checkpoints").glob("step_??????"))
+    assert 2 <= killed_at < steps
+
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps), "--resume"]) == 0
+    final = f"checkpoints/step_{steps:06d}"
+    _assert_bitwise(_weights(tmp_path / "ref" / final, "model.safetensors"),
+                    _weights(out / final, "model.safetensors"))
+    _assert_bitwise(_weights(tmp_path / "ref" / final, "optimizer.safetensors"),
+                    _weights(out / final, "optimizer.safetensors"))
+    assert [r["step"] for r in read_metrics(out)] == list(range(1, steps + 1))
+    assert _metrics(out) == _metrics(tmp_path / "ref")
+
+
+@pytest.fixture
+def signal_at_step(monkeypatch):
+    """Send `signum` to this process while step `at` is generating."""
+    import mlx_grpo.train as train_mod
+
+    real = train_mod.generate_completions
+
+    def arm(signum, at):
+        calls = []
+
+        def generate(*args, **kwargs):
+            calls.append(1)
+            if len(calls) == at:
+                os.kill(os.getpid(), signum)
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(train_mod, "generate_completions", generate)
+
+    return arm
+
+
+def test_sigint_finishes_the_step_checkpoints_and_resumes_exactly_with_lora(tmp_path, signal_at_step, capsys):
+    steps, lora = 3, ["lora.enabled=true", "lora.rank=4", "training.learning_rate=1e-2",
+                      "checkpoint.save_every=10"]
+    ref = load_config(SMOKE, _sets(tmp_path / "ref", steps, *lora)[1::2])
+    train(ref)
+
+    out = tmp_path / "stopped"
+    signal_at_step(signal.SIGINT, at=2)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *lora)]) == 130
+    err = capsys.readouterr().err
+    assert f"stopped by SIGINT after step 2; checkpoint {out / 'checkpoints' / 'step_000002'}" in err
+    assert "resume with: mlx-grpo train --config configs/smoke_test.toml --set" in err and err.rstrip().endswith("--resume")
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+
+    signal_at_step(signal.SIGINT, at=0)  # no signal this time
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *lora), "--resume"]) == 0
+    final = f"checkpoints/step_{steps:06d}"
+    _assert_bitwise(_weights(tmp_path / "ref" / final, "adapters.safetensors"),
+                    _weights(out / final, "adapters.safetensors"))
+    assert _metrics(out) == _metrics(tmp_path / "ref")
+    # Resuming a finished run does nothing and hands back its last checkpoint.
+    done = load_config(SMOKE, _sets(out, steps, *lora)[1::2] + ["checkpoint.resume=true"])
+    assert train(done) == out / final and _metrics(out) == _metrics(tmp_path / "ref")
+
+
+def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsys):
+    out = tmp_path / "run"
+    signal_at_step(signal.SIGTERM, at=1)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, 3, "checkpoint.save_every=10")]) == 143
+    assert "stopped by SIGTERM after step 1" in capsys.readouterr().err
+    state = json.loads((out / "checkpoints" / "step_000001" / "trainer_state.json").read_text())
+    assert state["step"] == 1 and state["data_position"] == 2 and len(state["rng"]["mlx"]) == 2
+
+
+def test_second_ctrl_c_ends_the_process_at_once(tmp_path):
+    script = (
+        "import sys, time\n"
+        "from mlx_grpo.stopping import StopRequest\n"
+        "with StopRequest() as stop:\n"
+        "    print('ready', flush=True)\n"
+        "    while True: time.sleep(0.01)\n"  # a step that never ends
+    )
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    assert proc.stdout.readline().strip() == b"ready"
+    proc.send_signal(signal.SIGINT)
+    time.sleep(0.3)
+    assert proc.poll() is None  # the first one only asks to stop after the step
+    proc.send_signal(signal.SIGINT)
+    proc.wait(timeout=5)
+    assert proc.returncode == -signal.SIGINT
+    assert b"Ctrl-C again to quit at once" in proc.stderr.read()
+
+
+def _fake_run(out, cfg, step=3):
+    """An output_dir as a run leaves it: config.toml, metrics.jsonl and one checkpoint."""
+    save_config(cfg, out / "config.toml")
+    (out / "metrics.jsonl").write_text("".join(json.dumps({"step": s, "loss": s}) + "\n" for s in range(1, 6)))
+    ckpt = out / "checkpoints" / f"step_{step:06d}"
+    save_config(cfg, ckpt / "config.toml")
+    (ckpt / "trainer_state.json").write_text(json.dumps({"step": step, "data_position": 6, "rng": {}}))
+    (out / "notes.txt").write_text("mine")
+
+
+def test_an_output_dir_with_a_run_is_refused_without_resume_or_overwrite(tmp_path, capsys):
+    out = tmp_path / "run"
+    _fake_run(out, load_config(SMOKE, [f'output_dir="{out}"']))
+    before = sorted(p.name for p in out.rglob("*"))
+    assert cli.main(["--config", SMOKE, "--set", f'output_dir="{out}"']) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already holds a run" in err and "step_000003" in err
+    assert "--resume" in err and "--overwrite" in err
+    assert sorted(p.name for p in out.rglob("*")) == before
+
+
+def test_resume_with_a_changed_config_names_the_keys_unless_forced(tmp_path, capsys):
+    out = tmp_path / "run"
+    _fake_run(out, load_config(SMOKE, [f'output_dir="{out}"']))
+    changed = ["--set", f'output_dir="{out}"', "--set", "grpo.beta=0.1", "--set", "data.shuffle=false",
+               "--set", "training.max_steps=99", "--set", "logging.log_every=5"]
+    assert cli.main(["--config", SMOKE, *changed, "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert "2 key(s): data.shuffle (run: True, now: False); grpo.beta (run: 0.04, now: 0.1); pass --force" in err
+
+    cfg = load_config(SMOKE, changed[1::2] + ["checkpoint.resume=true"])
+    point = open_run(cfg, force=True)
+    assert (point.step, point.data_position, point.bad_steps) == (3, 6, 0)
+
+
+def test_overwrite_removes_only_the_run_files(tmp_path):
+    out = tmp_path / "run"
+    cfg = load_config(SMOKE, [f'output_dir="{out}"'])
+    _fake_run(out, cfg)
+    assert open_run(cfg, overwrite=True) is None
+    assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_resume_without_a_checkpoint_starts_fresh(tmp_path, capsys):
+    cfg = load_config(SMOKE, [f'output_dir="{tmp_path / "new"}"', "checkpoint.resume=true"])
+    assert open_run(cfg) is None
+    assert "no complete checkpoint" in capsys.readouterr().out
+
+
+def test_config_differences_ignore_max_steps_logging_and_resume():
+    a = {"seed": 0, "training": {"max_steps": 10, "learning_rate": 1e-3}, "logging": {"log_every": 1},
+         "checkpoint": {"resume": False}, "rewards": [{"name": "x", "weight": 1.0}]}
+    b = {"seed": 0, "training": {"max_steps": 50, "learning_rate": 1e-3}, "logging": {"log_every": 9},
+         "checkpoint": {"resume": True}, "rewards": [{"name": "x", "weight": 2.0}]}
+    assert config_differences(a, b) == [
+        "rewards (run: [{'name': 'x', 'weight': 1.0}], now: [{'name': 'x', 'weight': 2.0}])"
+    ]
+    assert config_differences(a, {**a, "new_key": 1}) == ["new_key (run: 'unset', now: 1)"]
+
+
+def test_truncate_metrics_drops_later_rows_and_a_cut_line(tmp_path):
+    rows = [json.dumps({"step": s, "loss": 0.5}) for s in (1, 2, 3, 4)]
+    (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + '\n{"step": 5, "lo')
+    truncate_metrics(tmp_path, 2)
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]

@@ -1,0 +1,191 @@
+"""Faults during a run: NaN steps, a full disk, bad rewards, bad data and bad model folders."""
+
+import errno
+import json
+import shutil
+import sys
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_grpo import cli
+from mlx_grpo.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
+from mlx_grpo.config import DataConfig, ModelConfig, load_config
+from mlx_grpo.data import DataError, load_examples, plain_prompt
+from mlx_grpo.errors import ModelError, TrainingError
+from mlx_grpo.log import read_metrics
+from mlx_grpo.model import check_model_folder, load_base
+from mlx_grpo.rewards import RewardError, RewardSet
+from mlx_grpo.train import train
+
+SMOKE = "configs/smoke_test.toml"
+
+
+def _cfg(out, *extra):
+    return load_config(SMOKE, [f'output_dir="{out}"', "training.prompts_per_step=2",
+                               "generation.max_new_tokens=16", "checkpoint.save_every=1",
+                               "training.learning_rate=1e-3", "logging.log_completions=0", *extra])
+
+
+def test_nan_steps_are_skipped_up_to_max_bad_steps_then_stop_naming_step_metric_checkpoint(tmp_path, monkeypatch, capsys):
+    import mlx_grpo.train as train_mod
+
+    real, calls = train_mod.grpo_loss, []
+
+    def poisoned(*args, **kwargs):  # one call per step here (one micro-batch, one iteration)
+        calls.append(1)
+        loss, metrics = real(*args, **kwargs)
+        return (loss * float("nan") if len(calls) in (2, 3) else loss), metrics
+
+    monkeypatch.setattr(train_mod, "grpo_loss", poisoned)
+    out = tmp_path / "run"
+    with pytest.raises(TrainingError) as e:
+        train(_cfg(out, "training.max_steps=4", "training.max_bad_steps=1"))
+    message = str(e.value)
+    assert "\n" not in message
+    assert message.startswith("step 3: non-finite loss (nan), the update was not applied; ")
+    assert f"last good checkpoint {out / 'checkpoints' / 'step_000002'}" in message
+    assert "training.max_bad_steps = 1" in message
+    assert "step 2: non-finite loss (nan); step skipped (1 of training.max_bad_steps = 1)" in capsys.readouterr().out
+
+    assert [r["step"] for r in read_metrics(out)] == [1]  # skipped steps write no row
+    assert [p.name for p in list_checkpoints(out)] == ["step_000001", "step_000002"]
+    one, two = (mx.load(str(p / "model.safetensors")) for p in list_checkpoints(out))
+    assert all(mx.array_equal(one[k], two[k]).item() for k in one)  # step 2 was not applied
+    opt_one, opt_two = (mx.load(str(p / "optimizer.safetensors")) for p in list_checkpoints(out))
+    assert opt_one["step"].item() == opt_two["step"].item() == 1
+    assert json.loads((out / "checkpoints" / "step_000002" / "trainer_state.json").read_text())["bad_steps"] == 1
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   RuntimeError("[write] Unable to write 8 bytes to file.")])
+def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypatch, tiny, tiny_path, error):
+    model, tokenizer = tiny
+    optimizer = optim.AdamW(learning_rate=1e-3)
+    optimizer.init(model.trainable_parameters())
+    cfg = load_config(None, [f'output_dir="{tmp_path}"'])
+    save = lambda step: save_checkpoint(
+        tmp_path, step, model=model, tokenizer=tokenizer, optimizer=optimizer, cfg=cfg,
+        base_path=tiny_path, num_layers=4, trainer_state={"data_position": 0}, keep_last=3,
+    )
+    first = save(1)
+    saved = sorted(p.name for p in first.iterdir())
+
+    def full(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(mx, "save_safetensors", full)
+    with pytest.raises(CheckpointError) as e:
+        save(2)
+    tmp = tmp_path / "checkpoints" / "step_000002.tmp"
+    reason = "No space left on device" if isinstance(error, OSError) else "[write] Unable to write 8 bytes to file."
+    assert str(e.value) == f"checkpoint: cannot write step 2 to {tmp} ({reason}); the previous checkpoint {first} is intact"
+    monkeypatch.undo()
+    assert [p.name for p in (tmp_path / "checkpoints").iterdir()] == ["step_000001"]
+    assert sorted(p.name for p in first.iterdir()) == saved
+    weights = mx.load(str(first / "model.safetensors"))
+    assert all(mx.array_equal(weights[k], v).item() for k, v in tree_flatten(model.parameters()))
+
+
+def test_reward_error_names_reward_prompt_index_and_completion():
+    def picky(prompts, completions, answers, **kw):
+        return [float("nan") if c.startswith("bad") else 1.0 for c in completions]
+
+    rewards = RewardSet([("gsm8k_correctness", 1.0)], group_size=4)
+    rewards.fns["gsm8k_correctness"] = picky
+    completions = ["ok"] * 5 + ["bad " + "x" * 200] + ["ok"] * 2
+    with pytest.raises(RewardError) as e:
+        rewards(["q"] * 8, completions, ["a"] * 8)
+    message = str(e.value)
+    assert message.startswith("reward 'gsm8k_correctness' gave nan (float) for sample 5 (prompt 1, completion 'bad xxx")
+    assert "x" * 76 + "')" in message and "x" * 77 not in message  # the first 80 characters
+    assert "\n" not in message
+
+
+def test_fewer_prompts_than_a_step_needs_stops_before_writing(tmp_path, capsys):
+    out = tmp_path / "run"
+    code = cli.main(["--config", SMOKE, "--set", f'output_dir="{out}"', "--set", 'data.split="test"',
+                     "--set", "training.prompts_per_step=101", "--set", "training.gradient_accumulation_steps=2"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1
+    assert err.startswith("mlx-grpo: error: data.dataset: 200 usable prompts, fewer than the 202 one step needs")
+    assert not out.exists()
+
+
+def test_non_text_field_and_unknown_split_are_one_line_errors(tmp_path, tiny):
+    path = tmp_path / "rows.jsonl"
+    path.write_text('{"q": "fine", "a": "1"}\n{"q": 17, "a": "2"}\n')
+    with pytest.raises(DataError, match=r"row 1 field 'q' must be non-empty text, got 17$"):
+        load_examples(DataConfig(dataset=str(path), prompt_field="q", answer_field="a"), tiny[1])
+    with pytest.raises(DataError, match=r"^data.split: builtin:arithmetic has splits train, test, not 'dev'$"):
+        load_examples(DataConfig(split="dev"), tiny[1])
+
+
+def _copy_model(src, dst, drop=()):
+    shutil.copytree(src, dst, ignore=shutil.ignore_patterns(*drop))
+    return str(dst)
+
+
+def test_tokenizer_without_chat_template_falls_back_to_plain_prompts(tmp_path, tiny_path, capsys):
+    import mlx_lm
+
+    folder = _copy_model(tiny_path, tmp_path / "model")
+    config_file = tmp_path / "model" / "tokenizer_config.json"
+    tok_cfg = json.loads(config_file.read_text())
+    del tok_cfg["chat_template"]
+    config_file.write_text(json.dumps(tok_cfg))
+    _, tokenizer = mlx_lm.load(folder)
+    examples = load_examples(DataConfig(system_prompt="Be brief."), tokenizer, seed=1)
+    assert "has no chat template" in capsys.readouterr().err
+    first = examples[0]
+    assert first.prompt == plain_prompt(first.question, "Be brief.")
+    assert first.prompt == f"Be brief.\n\nUser: {first.question}\nAssistant:"
+
+
+def test_model_folders_without_tokenizer_or_safetensors_are_refused(tmp_path, tiny_path):
+    no_tok = _copy_model(tiny_path, tmp_path / "no_tok", drop=("tokenizer*",))
+    with pytest.raises(ModelError, match=r"has no tokenizer \(expected one of tokenizer.json"):
+        check_model_folder(no_tok)
+    pickled = _copy_model(tiny_path, tmp_path / "pickled", drop=("*.safetensors*",))
+    (tmp_path / "pickled" / "pytorch_model.bin").write_bytes(b"not a pickle: loading it would fail loudly")
+    with pytest.raises(ModelError, match=r"no model\*.safetensors weights \(found pytorch_model.bin: pickle"):
+        load_base(ModelConfig(path=pickled))
+    with pytest.raises(ModelError, match="folder './nowhere' does not exist"):
+        load_base(ModelConfig(path="./nowhere"))
+
+
+def test_trust_remote_code_is_off_unless_set(monkeypatch, tiny_path):
+    import mlx_grpo.model as model_mod
+
+    seen = []
+    real = model_mod.mlx_lm.load
+
+    def spy(path, **kwargs):
+        seen.append(kwargs)
+        return real(path, **kwargs)
+
+    monkeypatch.setattr(model_mod.mlx_lm, "load", spy)
+    _, _, local = load_base(ModelConfig(path=tiny_path))
+    load_base(ModelConfig(path=tiny_path), local)  # the second copy, as for a reference model
+    assert seen == [{"tokenizer_config": {"trust_remote_code": False}, "trust_remote_code": False}] * 2
+    assert load_config(None).model.trust_remote_code is False
+    seen.clear()
+    load_base(ModelConfig(path=tiny_path, trust_remote_code=True))
+    assert seen == [{"tokenizer_config": {"trust_remote_code": True}, "trust_remote_code": True}]
+
+
+def test_custom_reward_files_are_imported_only_when_named(tmp_path):
+    marker = tmp_path / "imported"
+    (tmp_path / "mine.py").write_text(
+        f"open({str(marker)!r}, 'w').close()\n"
+        "def short(prompts, completions, answers, **kw):\n"
+        "    return [1.0 / (1 + len(c)) for c in completions]\n"
+    )
+    RewardSet.from_config([{"name": "xml_format", "weight": 1.0}], base_dir=tmp_path)
+    assert not marker.exists()
+    assert not [m for m in sys.modules if m.startswith("_mlx_grpo_reward_mine_")]
+    rewards = RewardSet.from_config([{"name": "mine.py:short", "weight": 1.0}], base_dir=tmp_path)
+    assert marker.exists()
+    assert rewards(["q"], ["abc"], ["a"])[0] == [0.25]

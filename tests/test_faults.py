@@ -48,9 +48,11 @@ def test_nan_steps_are_skipped_up_to_max_bad_steps_then_stop_naming_step_metric_
     assert message.startswith("step 3: non-finite loss (nan), the update was not applied; ")
     assert f"last good checkpoint {out / 'checkpoints' / 'step_000002'}" in message
     assert "training.max_bad_steps = 1" in message
-    assert "step 2: non-finite loss (nan); step skipped (1 of training.max_bad_steps = 1)" in capsys.readouterr().out
+    assert "step 2: non-finite loss (nan); update skipped (1 of training.max_bad_steps = 1)" in capsys.readouterr().out
 
-    assert [r["step"] for r in read_metrics(out)] == [1]  # skipped steps write no row
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2]
+    assert "loss" in rows[0] and "loss" not in rows[1] and "reward" in rows[1]  # skipped: no update metrics
     assert [p.name for p in list_checkpoints(out)] == ["step_000001", "step_000002"]
     one, two = (mx.load(str(p / "model.safetensors")) for p in list_checkpoints(out))
     assert all(mx.array_equal(one[k], two[k]).item() for k in one)  # step 2 was not applied

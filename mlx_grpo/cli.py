@@ -72,12 +72,14 @@ def _sweep(sub):
                      "instead of one key at a time")
     sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                      help="override a config key in every run (repeatable)")
+    sub.add_argument("--overwrite", action="store_true", help="replace runs of an earlier sweep")
 
     def run(args):
         from mlx_grpo.report import ReportError, write_report
         from mlx_grpo.sweep import results_table, run_sweep
 
-        results = run_sweep(args.config, args.vary, steps=args.steps, grid=args.grid, overrides=args.overrides)
+        results = run_sweep(args.config, args.vary, steps=args.steps, grid=args.grid, overrides=args.overrides,
+                            overwrite=args.overwrite)
         print(results_table(results))
         try:
             print(f"mlx-grpo sweep: wrote {write_report([r['dir'] for r in results])}")

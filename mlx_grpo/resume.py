@@ -24,7 +24,7 @@ from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
 
 MAY_DIFFER = ("training.max_steps", "logging", "checkpoint.resume", "output_dir")
-RUN_FILES = ("config.toml", "metrics.jsonl", "checkpoints")
+RUN_FILES = ("config.toml", "metrics.jsonl", "completions.jsonl", "checkpoints")
 
 
 @dataclass

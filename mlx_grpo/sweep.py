@@ -91,8 +91,10 @@ def plan(config: str, vary: list[str], *, steps: int | None = None, grid: bool =
 
 
 def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: bool = False,
-              overrides: list[str] = ()) -> list[dict]:
-    """Train every variant in turn; returns one result row per variant (see `results_table`)."""
+              overrides: list[str] = (), overwrite: bool = False) -> list[dict]:
+    """Train every variant in turn; returns one result row per variant (see `results_table`).
+
+    A variant folder that holds an earlier run stops the sweep unless `overwrite`."""
     from mlx_grpo.report import run_summary
     from mlx_grpo.train import train
 
@@ -102,7 +104,7 @@ def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: b
     for i, (variant, cfg) in enumerate(planned, 1):
         print(f"mlx-grpo sweep: run {i}/{len(planned)}: {variant.name}")
         tic = time.perf_counter()
-        train(cfg, config_path=config)
+        train(cfg, config_path=config, overwrite=overwrite)
         wall = time.perf_counter() - tic
         results.append({"name": variant.name, "dir": cfg.output_dir, "wall_time_s": wall,
                         **run_summary(read_metrics(cfg.output_dir))})

@@ -15,7 +15,7 @@ import pytest
 from mlx_grpo import cli
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.log import read_metrics, truncate_metrics
+from mlx_grpo.log import read_metrics, truncate_jsonl
 from mlx_grpo.resume import capture_rng, config_differences, open_run, restore_rng
 from mlx_grpo.train import train
 
@@ -222,8 +222,31 @@ def test_config_differences_ignore_max_steps_logging_and_resume():
     assert config_differences(a, {**a, "new_key": 1}) == ["new_key (run: 'unset', now: 1)"]
 
 
-def test_truncate_metrics_drops_later_rows_and_a_cut_line(tmp_path):
+def test_truncate_jsonl_drops_later_rows_and_a_cut_line(tmp_path):
     rows = [json.dumps({"step": s, "loss": 0.5}) for s in (1, 2, 3, 4)]
     (tmp_path / "metrics.jsonl").write_text("\n".join(rows) + '\n{"step": 5, "lo')
-    truncate_metrics(tmp_path, 2)
+    truncate_jsonl(tmp_path / "metrics.jsonl", 2)
     assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2]
+
+
+def test_a_sweep_refuses_an_earlier_sweeps_run_unless_overwrite(tmp_path, monkeypatch):
+    import mlx_grpo.train as train_mod
+    from mlx_grpo.sweep import run_sweep
+
+    variant = tmp_path / "sweep" / "grpo.beta=0"
+    _fake_run(variant, load_config(SMOKE, [f'output_dir="{variant}"']))
+    sets = [f'output_dir="{tmp_path}"']
+    with pytest.raises(TrainingError, match="already holds a run"):
+        run_sweep(SMOKE, ["grpo.beta=0"], overrides=sets)
+
+    seen = []
+
+    def fake_train(cfg, config_path=None, *, overwrite=False, force=False):
+        seen.append(overwrite)
+        open_run(cfg, overwrite=overwrite)
+        (variant / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
+
+    monkeypatch.setattr(train_mod, "train", fake_train)
+    rows = run_sweep(SMOKE, ["grpo.beta=0"], overrides=sets, overwrite=True)
+    assert seen == [True] and rows[0]["final_reward"] == 0.5
+    assert sorted(p.name for p in variant.iterdir()) == ["metrics.jsonl", "notes.txt"]

@@ -22,4 +22,7 @@ class ModelError(ValueError):
     """A model folder or setting that cannot be loaded as configured."""
 
 
-USER_ERRORS = (ConfigError, DataError, RewardError, ReportError, TrainingError, ModelError, FileNotFoundError)
+# OSError: a full disk or a missing permission is the machine's state, not a bug; its
+# message names the file.
+
+USER_ERRORS = (ConfigError, DataError, RewardError, ReportError, TrainingError, ModelError, OSError)

@@ -100,6 +100,17 @@ def _out_of_range(dotted, hint):
     return bad
 
 
+# Out of range, written out by hand so that a rule missing from RULES is caught too.
+KNOWN_BAD = [
+    ("seed", -1), ("output_dir", ""), ("model.path", " "), ("model.dtype", "float64"), ("model.quantize_bits", 3),
+    ("lora.rank", 0), ("lora.dropout", 1.0), ("lora.target_modules", []), ("data.dataset", ""), ("data.split", ""),
+    ("data.prompt_field", ""), ("generation.num_generations", 1), ("generation.temperature", 0.0),
+    ("generation.top_p", 0.0), ("grpo.beta", -0.1), ("grpo.loss_type", "ppo"), ("grpo.scale_rewards", "std"),
+    ("grpo.num_iterations", 0), ("training.max_steps", 0), ("training.prompts_per_step", 0),
+    ("training.learning_rate", 0.0), ("training.lr_schedule", "linear"), ("training.adam_betas", [0.9]),
+    ("training.max_bad_steps", -1), ("logging.log_every", 0), ("checkpoint.save_every", 0),
+    ("checkpoint.keep_last", 0),
+]
 BROKEN_TOML = [
     "[training", "seed = ", "seed = 1\nseed = 2", 'output_dir = "no end', "[training]\nmax_steps = 1_",
     "[training]\n[training]", "seed = 0x", "= 3", "[[rewards]\nname = 'x'", "seed = [1, 2",
@@ -122,6 +133,7 @@ def _cases():
         if dotted in RULES:
             for value in _out_of_range(dotted, hint):
                 cases.append((tomli_w.dumps(_nest(dotted, value)), [], f": {dotted} must be"))
+    cases += [(tomli_w.dumps(_nest(k, v)), [], f": {k} must be") for k, v in KNOWN_BAD]
     for section in SECTIONS:
         first = next(k for k, _ in FIELDS if k.startswith(section + "."))
         typo = first[:-1] if len(first.split(".")[1]) > 3 else first + "x"

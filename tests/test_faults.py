@@ -91,6 +91,19 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypa
     assert all(mx.array_equal(weights[k], v).item() for k, v in tree_flatten(model.parameters()))
 
 
+def test_a_full_disk_outside_checkpoints_is_one_line_too(tmp_path, monkeypatch, capsys):
+    import mlx_grpo.train as train_mod
+
+    def full(cfg, path):
+        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+
+    monkeypatch.setattr(train_mod, "save_config", full)
+    out = tmp_path / "run"
+    assert cli.main(["--config", SMOKE, "--set", f'output_dir="{out}"']) == 2
+    err = capsys.readouterr().err
+    assert err == f"mlx-grpo: error: [Errno 28] No space left on device: '{out / 'config.toml'}'\n"
+
+
 def test_reward_error_names_reward_prompt_index_and_completion():
     def picky(prompts, completions, answers, **kw):
         return [float("nan") if c.startswith("bad") else 1.0 for c in completions]

@@ -14,6 +14,7 @@ from dataclasses import dataclass, replace
 import math
 from pathlib import Path
 import random
+import signal
 import time
 
 import mlx.core as mx
@@ -24,9 +25,13 @@ import numpy as np
 from tqdm import tqdm
 
 from mlx_grpo.advantages import group_advantages, group_stats
-from mlx_grpo.checkpoint import save_checkpoint
+from mlx_grpo.checkpoint import checkpoint_dir, save_checkpoint
 from mlx_grpo.config import save_config
 from mlx_grpo.data import PromptStream, load_examples
+from mlx_grpo.distributed import (
+    SINGLE, allreduce_bytes, check_world, init_world, local_share, sampling_seed, share_resume_point,
+    sync_parameters,
+)
 from mlx_grpo.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
@@ -109,13 +114,14 @@ def reference_logprobs(cfg, policy, ref_model, batch: MicroBatch, temperature: f
     return mx.stop_gradient(out)
 
 
-def make_micro_batches(rollout, advantages, cfg) -> list[MicroBatch]:
+def make_micro_batches(rollout, advantages, cfg, world=SINGLE) -> list[MicroBatch]:
     """Split a step's rows into the forward/backward chunks of its accumulation steps.
 
     The step is cut into gradient_accumulation_steps parts of whole groups, each part into
     chunks of micro_batch_size sequences. Every chunk carries its part's normalisers
     (dapo: the whole step's token count), so the summed chunk losses equal the loss of
-    the unsplit part.
+    the unsplit part. Across ranks each token count is the mean over ranks (see
+    distributed.py), so the averaged gradients equal the one-process ones.
     """
     t = cfg.training
     n = len(rollout.completion_tokens)
@@ -123,10 +129,11 @@ def make_micro_batches(rollout, advantages, cfg) -> list[MicroBatch]:
     size = t.micro_batch_size or part
     drop = [cfg.grpo.mask_truncated_completions and cut for cut in rollout.truncated]
     kept = [0 if d else len(c) for d, c in zip(drop, rollout.completion_tokens)]
-    step_tokens = float(sum(kept))
+    starts = range(0, n, part)
+    local = [float(sum(kept[s:s + part])) for s in starts] + [float(sum(kept))]
+    *part_tokens, step_tokens = world.mean(local)
     batches = []
-    for start in range(0, n, part):
-        part_tokens = float(sum(kept[start:start + part]))
+    for start, tokens in zip(starts, part_tokens):
         for lo in range(start, start + part, size):
             rows = range(lo, min(lo + size, start + part))
             inputs, positions, targets, mask = pack_sequences(
@@ -137,7 +144,7 @@ def make_micro_batches(rollout, advantages, cfg) -> list[MicroBatch]:
                 mask = mask * mx.array([0.0 if drop[i] else 1.0 for i in rows])[:, None]
             batches.append(MicroBatch(
                 inputs, positions, targets, mask, advantages[lo:rows.stop],
-                num_items=step_tokens if cfg.grpo.loss_type == "dapo" else part_tokens,
+                num_items=step_tokens if cfg.grpo.loss_type == "dapo" else tokens,
                 num_sequences=part,
             ))
     return batches
@@ -162,8 +169,8 @@ def make_loss_fn(cfg):
     return loss_fn
 
 
-def update(model, optimizer, batches, loss_fn, cfg):
-    """One optimizer update from the accumulated gradients of all micro-batches."""
+def update(model, optimizer, batches, loss_fn, cfg, world=SINGLE):
+    """One optimizer update from the accumulated gradients of all micro-batches (of all ranks)."""
     k = cfg.training.gradient_accumulation_steps
     scale = 1.0 / k if DIVIDES_BY_ACCUMULATION[cfg.grpo.loss_type] else 1.0
     value_and_grad = nn.value_and_grad(model, loss_fn)
@@ -178,6 +185,9 @@ def update(model, optimizer, batches, loss_fn, cfg):
         tokens += n.item()
         for key, v in metrics.items():
             sums[key] = sums.get(key, 0.0) + v.item() * n.item()
+    grads = world.average_gradients(grads)
+    total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
+    sums = dict(zip(sums, totals))
     if cfg.training.max_grad_norm > 0:
         grads, grad_norm = optim.clip_grad_norm(grads, cfg.training.max_grad_norm)
     else:
@@ -212,11 +222,18 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, cfg) -> Sc
     return ScoredRollout(rollout, rewards, per_name, questions)
 
 
-def optimize(model, optimizer, ref_model, rollout, rewards, cfg) -> dict:
-    """num_iterations updates on one step's completions; returns the update's metrics."""
+def optimize(model, optimizer, ref_model, rollout, rewards, cfg, world=SINGLE) -> dict:
+    """num_iterations updates on one step's completions; returns the update's metrics.
+
+    Across ranks, `rollout` and `rewards` are this rank's rows; advantages are taken over
+    every rank's rewards, so that scale_rewards = "batch" sees the whole step.
+    """
     gen, g = cfg.generation, cfg.grpo
-    advantages = group_advantages(rewards, gen.num_generations, g.scale_rewards)
-    batches = make_micro_batches(rollout, advantages, cfg)
+    everyone = world.gather({"r": rewards})["r"]
+    advantages = group_advantages(everyone, gen.num_generations, g.scale_rewards)
+    n = len(rewards)
+    advantages = advantages[world.rank * n:(world.rank + 1) * n]
+    batches = make_micro_batches(rollout, advantages, cfg, world)
     for b in batches:
         if g.beta > 0:
             b.ref_logp = reference_logprobs(cfg, model, ref_model, b, gen.temperature)
@@ -229,7 +246,7 @@ def optimize(model, optimizer, ref_model, rollout, rewards, cfg) -> dict:
     loss_fn = make_loss_fn(cfg)
     losses, norms = [], []
     for _ in range(g.num_iterations):
-        loss, grad_norm, loss_metrics = update(model, optimizer, batches, loss_fn, cfg)
+        loss, grad_norm, loss_metrics = update(model, optimizer, batches, loss_fn, cfg, world)
         lr = optimizer.learning_rate.item()  # the rate this update used
         losses.append(loss)
         norms.append(grad_norm)
@@ -239,31 +256,38 @@ def optimize(model, optimizer, ref_model, rollout, rewards, cfg) -> dict:
     }
 
 
-def step_groups(scored: ScoredRollout, cfg):
+def step_groups(scored: ScoredRollout, cfg, world=SINGLE):
     """The groups one update trains on and the config it runs with.
 
     Dynamic sampling can come back short of groups: train on what there is, in fewer
     accumulation parts (see `accumulation_parts`); none at all means no update.
     """
     t = cfg.training
-    if scored.num_groups == t.prompts_per_step * t.gradient_accumulation_steps:
+    if scored.num_groups * world.size == t.prompts_per_step * t.gradient_accumulation_steps:
         return scored, cfg
     used, parts = accumulation_parts(scored.num_groups, t.gradient_accumulation_steps)
     step_cfg = replace(cfg, training=replace(t, gradient_accumulation_steps=max(parts, 1)))
     return take_groups(scored, list(range(used))), step_cfg
 
 
-def rollout_metrics(rollout, rewards, per_name, cfg) -> dict:
-    lengths = [len(c) for c in rollout.completion_tokens]
+def rollout_metrics(drawn: ScoredRollout, world=SINGLE) -> dict:
+    """Reward and length metrics over the rows of every rank (whole groups stay together)."""
+    cols = world.gather({
+        "length": [len(c) for c in drawn.rollout.completion_tokens],
+        "truncated": [float(cut) for cut in drawn.rollout.truncated], "reward": drawn.rewards,
+        **{f"rewards/{name}": scores for name, scores in drawn.per_name.items()},
+    })
+    lengths, rewards = cols["length"], cols["reward"]
     out = {
         "reward": float(np.mean(rewards)),
-        **group_stats(rewards, rollout.group_size),
+        **group_stats(rewards, drawn.rollout.group_size),
         "completions/mean_length": float(np.mean(lengths)),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
-        "completions/clipped_ratio": float(np.mean(rollout.truncated)),
+        "completions/clipped_ratio": float(np.mean(cols["truncated"])),
     }
-    for name, scores in per_name.items():
+    for name in drawn.per_name:
+        scores = cols[f"rewards/{name}"]
         out[f"rewards/{name}/mean"] = float(np.mean(scores))
         out[f"rewards/{name}/std"] = float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0
     return out
@@ -288,17 +312,26 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
 
     With cfg.checkpoint.resume the run continues from the newest checkpoint in output_dir;
     `overwrite` replaces a run found there, `force` resumes despite config differences.
+    Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
+    it samples its share of each step's prompts and only rank 0 writes anything.
     """
     out = Path(cfg.output_dir)
+    world = init_world()
+    check_world(cfg, world)
+    main = world.is_main
     seed_everything(cfg.seed)
     base_dir = Path(config_path).parent if config_path else None
     reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=cfg.generation.num_generations)
-    start = open_run(cfg, overwrite=overwrite, force=force)  # before any slow work or any write
+    start = open_run(cfg, overwrite=overwrite, force=force) if main else None  # before any write
+    start = share_resume_point(start, out, world)
     model, tokenizer, base_path, num_layers = build_policy(cfg)
     ref_model = None
     if cfg.grpo.beta > 0 and not cfg.lora.enabled:
         ref_model = load_base(cfg.model, base_path)[0]
         ref_model.freeze()
+    sync_parameters(model, world)
+    if world.size > 1:
+        mx.random.seed(sampling_seed(cfg.seed, world.rank))
     examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
     t, gen, g = cfg.training, cfg.generation, cfg.grpo
     prompts_per_update = t.prompts_per_step * t.gradient_accumulation_steps
@@ -313,23 +346,35 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
         learning_rate=make_lr_schedule(t, t.max_steps * g.num_iterations),
         betas=list(t.adam_betas), weight_decay=t.weight_decay,
     )
-    out.mkdir(parents=True, exist_ok=True)
-    save_config(cfg, out / "config.toml")
-    log = MetricsLog(out, fresh=start is None)
-    samples_log = CompletionLog(out, fresh=start is None)
+    if main:
+        out.mkdir(parents=True, exist_ok=True)
+        save_config(cfg, out / "config.toml")
+        log = MetricsLog(out, fresh=start is None)
+        samples_log = CompletionLog(out, fresh=start is None)
     watcher = RunWatcher.from_config(cfg.logging)
     trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
-    print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {out}")
+    if main:
+        print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {out}")
+    if main and world.size > 1:
+        print(f"mlx-grpo: data-parallel over {world.size} ranks, "
+              f"{allreduce_bytes(model) / 1e6:.2f} MB all-reduced per update")
 
-    draw = lambda n: sample_and_score(model, tokenizer, stream.take(n), reward_set, sampler, cfg)
+    def draw(n):  # n of this rank's prompts, taken from the same global stream on every rank
+        examples = local_share(stream.take(n * world.size), t.prompts_per_step, world)
+        return sample_and_score(model, tokenizer, examples, reward_set, sampler, cfg)
+
     ckpt, first, bad_steps = None, 1, 0
     if start is not None:
         restore_training_state(start, model, optimizer, cfg.lora.enabled)
         for name in ("metrics.jsonl", "completions.jsonl"):
-            truncate_jsonl(out / name, start.step)
+            if main:
+                truncate_jsonl(out / name, start.step)
         ckpt, first, bad_steps = start.checkpoint, start.step + 1, start.bad_steps
         restore_rng(start.rng)  # last: model loading above drew random numbers
-        print(f"mlx-grpo: resumed from {ckpt} (step {start.step} of {t.max_steps})")
+        if not main:  # the checkpoint holds rank 0's PRNG state only
+            mx.random.seed(sampling_seed(cfg.seed, world.rank, start.step))
+        if main:
+            print(f"mlx-grpo: resumed from {ckpt} (step {start.step} of {t.max_steps})")
 
     def save(step):
         return save_checkpoint(
@@ -342,27 +387,42 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
 
     def end_of_step(step, ckpt):
         """Checkpoint when due or when a signal asked to stop; then stop if asked."""
-        if step % cfg.checkpoint.save_every == 0 or step == t.max_steps or stop.requested:
+        requested = world.max(float(stop.requested)) > 0  # all ranks stop after the same step
+        if main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
             ckpt = save(step)
-        if stop.requested:
+        if requested:
             stop.restore()
-            raise RunStopped(stop.signum, step, ckpt)
+            raise RunStopped(stop.signum or signal.SIGTERM, step, ckpt)
         return ckpt
 
+    def log_step(metrics, drawn, step, update_metrics):
+        log.write(metrics)
+        for warning in watcher.update(metrics):
+            tqdm.write(warning)
+        bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
+        if step % cfg.logging.log_every == 0 and update_metrics:
+            tqdm.write(format_step(metrics))
+            for i in range(min(cfg.logging.log_completions, len(drawn.rollout.texts))):
+                tqdm.write(format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i]))
+            samples_log.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
+                              cfg.logging.log_completions)
+
     bar = tqdm(range(first, t.max_steps + 1), desc="grpo", dynamic_ncols=True, initial=first - 1,
-               total=t.max_steps)
+               total=t.max_steps, disable=not main)
     for step in stop.watch(bar):
         tic = time.perf_counter()
         mx.reset_peak_memory()
         if g.dynamic_sampling:
             scored, drawn, sampling_metrics = fill_groups(draw, prompts_per_update, g.max_resample_rounds)
         else:
-            scored = drawn = draw(prompts_per_update)
+            scored = drawn = draw(prompts_per_update // world.size)
             sampling_metrics = {}
-        scored, step_cfg = step_groups(scored, cfg)
+        scored, step_cfg = step_groups(scored, cfg, world)
         if scored.rewards:
             try:
-                update_metrics = optimize(model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg)
+                update_metrics = optimize(
+                    model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg, world
+                )
             except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
                 bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
                 update_metrics = {}
@@ -370,28 +430,23 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
             update_metrics = {}
             tqdm.write(f"step {step}: no group had reward spread in "
                        f"{sampling_metrics['dynamic_sampling/rounds']} rounds; update skipped")
-        step_time = time.perf_counter() - tic
+        rollout_stats = rollout_metrics(drawn, world)
+        step_time = world.max(time.perf_counter() - tic)
         metrics = {
             "step": step,
-            **rollout_metrics(drawn.rollout, drawn.rewards, drawn.per_name, cfg),
+            **rollout_stats,
             **sampling_metrics,
             **update_metrics,
             "step_time": step_time,
-            "tokens_per_second": drawn.rollout.num_tokens / step_time,
-            "peak_memory_gb": mx.get_peak_memory() / 1e9,
+            "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
+            "peak_memory_gb": world.max(mx.get_peak_memory() / 1e9),
         }
-        log.write(metrics)
-        for warning in watcher.update(metrics):
-            tqdm.write(warning)
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{step_time:.2f}s")
-        if step % cfg.logging.log_every == 0 and update_metrics:
-            tqdm.write(format_step(metrics))
-            for i in range(min(cfg.logging.log_completions, len(drawn.rollout.texts))):
-                tqdm.write(format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i]))
-            samples_log.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
-                              cfg.logging.log_completions)
+        if main:  # the other ranks only take part in the reductions
+            log_step(metrics, drawn, step, update_metrics)
         ckpt = end_of_step(step, ckpt)
     bar.close()
+    if not main:
+        return checkpoint_dir(out, t.max_steps)
     if watcher.summary():
         print(watcher.summary())
     print(f"mlx-grpo: done; final checkpoint {ckpt}")

@@ -1,0 +1,172 @@
+"""Data parallelism over `mx.distributed`: several processes (Macs) train one model.
+
+Launched by `mlx.launch`, each process is a rank of a `World`. Every rank walks the same
+global prompt stream and keeps its own share of each accumulation part, samples whole
+groups locally (so group advantages need no communication), and computes gradients
+that are averaged across ranks before one identical optimizer step everywhere. Rank 0
+alone writes logs and checkpoints.
+
+Why the average of the ranks' gradients is the one-process gradient: with W ranks each
+holding 1/W of a part, a rank's loss is sum(own rows) / (normaliser / W), where the
+normaliser is the one a single process would use for the whole part. grpo and dr_grpo
+divide by a sequence count, which is the local count times W already; bnpo and dapo
+divide by a token count, which each rank gets as the mean over ranks (`World.mean`).
+Averaging then gives sum(all rows) / normaliser. The only traffic is that one gradient
+all-reduce per update, plus a few scalars and the step's rewards and lengths.
+"""
+
+from dataclasses import dataclass
+import json
+import os
+
+import mlx.core as mx
+from mlx.nn.utils import average_gradients
+from mlx.utils import tree_flatten, tree_map
+import numpy as np
+
+from mlx_grpo.checkpoint import checkpoint_dir
+from mlx_grpo.errors import TrainingError
+from mlx_grpo.resume import ResumePoint
+
+
+@dataclass(frozen=True)
+class World:
+    """This process's place among the ranks; `group` is None for a single process."""
+
+    rank: int = 0
+    size: int = 1
+    group: mx.distributed.Group | None = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def _sum(self, x: mx.array) -> mx.array:
+        # Scalars and small vectors: on the CPU stream, as mlx-lm's trainer does.
+        return mx.distributed.all_sum(x, group=self.group, stream=mx.cpu)
+
+    def sum(self, values: list[float]) -> list[float]:
+        """Each value summed over the ranks."""
+        if self.size == 1:
+            return list(values)
+        return self._sum(mx.array(values, dtype=mx.float32)).tolist()
+
+    def mean(self, values: list[float]) -> list[float]:
+        """Each value averaged over the ranks."""
+        return [v / self.size for v in self.sum(values)]
+
+    def max(self, value: float) -> float:
+        if self.size == 1:
+            return value
+        return mx.distributed.all_max(mx.array([value]), group=self.group, stream=mx.cpu).item()
+
+    def gather(self, columns: dict[str, list[float]]) -> dict[str, list[float]]:
+        """Every rank's rows of equal-length columns, rank 0's first (one all_gather)."""
+        if self.size == 1:
+            return {k: list(v) for k, v in columns.items()}
+        table = mx.array(np.array(list(columns.values()), dtype=np.float32).T)  # (rows, C)
+        out = mx.distributed.all_gather(table, group=self.group, stream=mx.cpu)  # (W rows, C)
+        return dict(zip(columns, np.array(out).T.tolist()))
+
+    def average_gradients(self, grads):
+        """The mean of every rank's gradients (mlx's bucketed all-reduce)."""
+        if self.size == 1:
+            return grads
+        return average_gradients(grads, group=self.group)
+
+    def broadcast(self, tree):
+        """Rank 0's arrays on every rank: a sum where the other ranks add exact zeros."""
+        if self.size == 1:
+            return tree
+        own = tree if self.is_main else tree_map(mx.zeros_like, tree)
+        return tree_map(lambda x: mx.distributed.all_sum(x, group=self.group), own)
+
+
+SINGLE = World()
+
+
+def init_world() -> World:
+    """The world `mlx.launch` started this process in; a single process otherwise."""
+    group = mx.distributed.init()
+    if group.size() == 1:
+        launched_rank = int(os.environ.get("MLX_RANK", "0") or 0)
+        if launched_rank > 0:
+            # Training alone here would write the same run folder as rank 0.
+            raise TrainingError(
+                f"MLX_RANK={launched_rank}: launched as a rank but mx.distributed found no "
+                "other rank; check the host file and the backend (mlx.launch --verbose)"
+            )
+        return SINGLE
+    return World(group.rank(), group.size(), group)
+
+
+def check_world(cfg, world: World) -> None:
+    """What a data-parallel run needs of the config, checked before any work."""
+    if world.size == 1:
+        return
+    pps = cfg.training.prompts_per_step
+    if pps % world.size:
+        raise TrainingError(
+            f"training.prompts_per_step must divide by the number of ranks ({world.size}), "
+            f"got {pps}; use a multiple of {world.size}"
+        )
+    if cfg.grpo.dynamic_sampling:
+        raise TrainingError(
+            f"grpo.dynamic_sampling is not supported across ranks ({world.size}): "
+            "each rank would draw a different number of rounds; set it to false"
+        )
+
+
+def local_share(items: list, part_size: int, world: World) -> list:
+    """This rank's items: its 1/W slice of every consecutive part of `part_size` items."""
+    share = part_size // world.size
+    out = []
+    for start in range(0, len(items), part_size):
+        lo = start + world.rank * share
+        out.extend(items[lo:lo + share])
+    return out
+
+
+def sampling_seed(seed: int, rank: int, step: int = 0) -> int:
+    """The seed of a rank's sampling stream: rank 0 keeps the run's seed, others a
+    reproducible, well-spread derivation of (seed, rank), and of the step resumed from."""
+    if rank == 0:
+        return seed
+    return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
+
+
+def share_resume_point(start: ResumePoint | None, output_dir, world: World) -> ResumePoint | None:
+    """Rank 0's decision (fresh or the step to resume) on every rank.
+
+    Rank 0 alone inspects and may clear the run folder (`open_run`); the others wait here,
+    then read the same checkpoint from their own copy of the folder (the same path on every
+    machine: a shared folder, or one copied there before resuming).
+    """
+    if world.size == 1:
+        return start
+    step = int(world.sum([float(start.step) if start is not None else 0.0])[0])
+    if world.is_main or step == 0:
+        return start
+    ckpt = checkpoint_dir(output_dir, step)
+    state_file = ckpt / "trainer_state.json"
+    if not state_file.exists():
+        raise TrainingError(
+            f"rank {world.rank}: resuming from step {step} needs {ckpt} on this machine too; "
+            "copy the run folder to the same path on every machine"
+        )
+    state = json.loads(state_file.read_text())
+    return ResumePoint(ckpt, step, state["data_position"], state.get("bad_steps", 0), state["rng"])
+
+
+def allreduce_bytes(model) -> int:
+    """Bytes of the gradient all-reduce of one update: every trainable array once."""
+    return sum(v.nbytes for _, v in tree_flatten(model.trainable_parameters()))
+
+
+def sync_parameters(model, world: World) -> None:
+    """Give every rank rank 0's trainable weights (e.g. LoRA initialisation)."""
+    if world.size == 1:
+        return
+    params = world.broadcast(model.trainable_parameters())
+    mx.eval(params)
+    model.update(params)

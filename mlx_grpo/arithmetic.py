@@ -7,8 +7,8 @@ used by the built-in model's supervised warm start. Nothing here touches the net
 import random
 import zlib
 
-# Single digits: within its few-second warm start, a ~1M-parameter model learns to copy them
-# and partly to add them; with operands up to 20 it barely got past copying.
+# Single digits: within its half-minute warm start, a ~1M-parameter model learns to copy them
+# and partly to add them; with operands up to 20 it got under 15% of held-out answers right.
 MAX_OPERAND = 9
 SPLITS = ("train", "test")
 
@@ -21,16 +21,12 @@ def _split_of(question: str) -> str:
 
 def _pool(split: str) -> list[tuple[str, int]]:
     """Every (question, answer) of a split; subtraction keeps results non-negative."""
-    import os
-    A, Bm = int(os.environ.get("XA", 9)), int(os.environ.get("XB", 9))
-    pool = set()
-    for a in range(A + 1):
-        for b in range(Bm + 1):
-            pool.add((f"What is {a} + {b}?", a + b))
-            pool.add((f"What is {b} + {a}?", a + b))
+    pool = []
+    for a in range(MAX_OPERAND + 1):
+        for b in range(MAX_OPERAND + 1):
+            pool.append((f"What is {a} + {b}?", a + b))
             if a >= b:
-                pool.add((f"What is {a} - {b}?", a - b))
-    pool = sorted(pool)
+                pool.append((f"What is {a} - {b}?", a - b))
     return [(q, n) for q, n in pool if _split_of(q) == split]
 
 

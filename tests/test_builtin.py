@@ -1,0 +1,150 @@
+"""The built-in arithmetic data set and the built-in models, all offline.
+
+The tiny model comes from conftest's `tiny_path` / `tiny` fixtures: built once into the user
+cache and shared by every test; the cache mechanics are checked with a stubbed build.
+"""
+
+import json
+import re
+from pathlib import Path
+
+import mlx.core as mx
+import pytest
+from mlx.utils import tree_flatten
+from mlx_lm import generate, load
+from mlx_lm.generate import batch_generate
+from mlx_lm.sample_utils import make_sampler
+
+from mlx_grpo import arithmetic, builtin_models
+from mlx_grpo.builtin_models import builtin_model_path
+from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+
+QUESTION = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
+ANSWER = re.compile(r"<answer>\n(.*?)\n</answer>")
+
+
+def test_make_problems_is_deterministic():
+    assert arithmetic.make_problems(50, seed=3) == arithmetic.make_problems(50, seed=3)
+    assert arithmetic.make_problems(50, seed=3) != arithmetic.make_problems(50, seed=4)
+    assert arithmetic.make_problems(50, seed=3, split="test") != arithmetic.make_problems(50, seed=3)
+
+
+@pytest.mark.parametrize("split", arithmetic.SPLITS)
+def test_answers_are_gsm8k_format_and_correct(split):
+    for row in arithmetic.make_problems(200, seed=0, split=split):
+        a, op, b = QUESTION.fullmatch(row["question"]).groups()
+        expected = int(a) + int(b) if op == "+" else int(a) - int(b)
+        assert row["answer"] == f"{a} {op} {b} = {expected}\n#### {expected}"
+        assert arithmetic.final_answer(row) == str(expected)
+
+
+def test_train_and_test_questions_are_disjoint():
+    # 1000 rows cycle through each whole pool several times.
+    train = {r["question"] for r in arithmetic.make_problems(1000, seed=0, split="train")}
+    test = {r["question"] for r in arithmetic.make_problems(1000, seed=1, split="test")}
+    assert len(train) > 100 and len(test) >= 32
+    assert not train & test
+
+
+def test_bad_arguments_raise():
+    with pytest.raises(ValueError, match="valid"):
+        arithmetic.make_problems(3, seed=0, split="valid")
+    with pytest.raises(ValueError, match="unknown built-in model 'huge'.*tiny, small"):
+        builtin_model_path("huge")
+
+
+def test_format_completion():
+    row = {"question": "What is 7 + 5?", "answer": "7 + 5 = 12\n#### 12"}
+    assert (
+        arithmetic.format_completion(row) == "<reasoning>\n7 + 5 = 12\n</reasoning>\n<answer>\n12\n</answer>"
+    )
+
+
+def test_cache_folder_is_renamed_into_place(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
+    builds = []
+
+    def fake_build(name, path):
+        builds.append(name)
+        (path / "weights").write_text(name)
+
+    monkeypatch.setattr(builtin_models, "_build", fake_build)
+    path = builtin_model_path("small")
+    assert path.parent == tmp_path and path.name.startswith("small-")
+    assert (path / "weights").read_text() == "small"
+    assert builtin_model_path("small") == path and builds == ["small"]  # the second call reuses it
+    assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
+
+
+def test_losing_a_concurrent_build_uses_the_winners_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
+    final = tmp_path / f"small-{builtin_models._recipe_hash('small')}"
+
+    def build_while_another_process_wins(name, path):
+        (path / "ours").write_text("")
+        final.mkdir()
+        (final / "theirs").write_text("")
+
+    monkeypatch.setattr(builtin_models, "_build", build_while_another_process_wins)
+    assert builtin_model_path("small") == final
+    assert [p.name for p in final.iterdir()] == ["theirs"]
+    assert [p.name for p in tmp_path.iterdir()] == [final.name]
+
+
+def _prompt(tokenizer, question, tokenize=True):
+    messages = [{"role": "system", "content": DEFAULT_SYSTEM_PROMPT}, {"role": "user", "content": question}]
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=tokenize)
+
+
+def test_tiny_checkpoint(tiny_path):
+    model, _ = load(tiny_path)  # mlx_lm.load, offline
+    config = json.loads((Path(tiny_path) / "config.json").read_text())
+    assert config["model_type"] == "qwen2" and config["tie_word_embeddings"] is True
+    params = dict(tree_flatten(model.parameters()))
+    assert all(p.dtype == mx.float32 for p in params.values())
+    assert 0.7e6 < sum(p.size for p in params.values()) < 1.3e6
+
+
+def test_tiny_tokenizer(tiny):
+    _, tokenizer = tiny
+    assert _prompt(tokenizer, "What is 7 + 5?", tokenize=False) == (
+        f"<|im_start|>system\n{DEFAULT_SYSTEM_PROMPT}<|im_end|>\n"
+        "<|im_start|>user\nWhat is 7 + 5?<|im_end|>\n<|im_start|>assistant\n"
+    )
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert tokenizer.eos_token_ids == {tokenizer.convert_tokens_to_ids("<|im_end|>")}
+    assert tokenizer.pad_token == "<|endoftext|>"
+    completion = arithmetic.format_completion({"answer": "9 + 9 = 18\n#### 18"})
+    for text in ["What is 12 + 345?", "Hello, wörld!\n\n  tabs\tand 🙂", completion]:
+        assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
+    digits = tokenizer.encode("2024", add_special_tokens=False)
+    assert [tokenizer.decode([t]) for t in digits] == list("2024")
+    assert len(tokenizer.encode(completion + "<|im_end|>")) < 48
+
+
+def test_tiny_generates_text(tiny):
+    model, tokenizer = tiny
+    text = generate(model, tokenizer, _prompt(tokenizer, "What is 3 + 4?"), max_tokens=64)
+    assert text.startswith("<reasoning>\n3 + 4 = ")
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.0])
+def test_tiny_is_partly_right_on_held_out_questions(tiny, temperature):
+    model, tokenizer = tiny
+    rows = arithmetic.make_problems(32, seed=0, split="test")
+    mx.random.seed(0)
+    out = batch_generate(
+        model,
+        tokenizer,
+        [_prompt(tokenizer, r["question"]) for r in rows],
+        max_tokens=64,
+        sampler=make_sampler(temperature),
+        return_token_ids=True,
+    )
+    answers = [m.group(1) if (m := ANSWER.search(t)) else None for t in out.texts]
+    formatted = sum(a is not None for a in answers) / len(rows)
+    stopped = sum(len(ids) < 64 for ids in out.token_ids) / len(rows)  # batch_generate drops the EOS
+    correct = sum(a == arithmetic.final_answer(r) for a, r in zip(answers, rows)) / len(rows)
+    print(f"temperature {temperature}: format {formatted:.2f}, stopped {stopped:.2f}, correct {correct:.2f}")
+    assert formatted >= 0.9 and stopped >= 0.9, (formatted, stopped)
+    assert 0.05 < correct < 0.9, correct

@@ -89,6 +89,124 @@ def _sweep(sub):
     return run
 
 
+def _number_at_least(lo, kind=int):
+    """An argparse type: a number >= lo, else a one-line usage error naming the value."""
+
+    def parse(text):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, got {text!r}")
+        if value < lo:
+            raise argparse.ArgumentTypeError(f"must be >= {lo}, got {text}")
+        return value
+
+    return parse
+
+
+def _model_args(sub, required=True):
+    sub.add_argument("--model", required=required, metavar="M",
+                     help="a run folder (its latest checkpoint), a checkpoint, an exported or converted "
+                     "folder, a hub id, or builtin:tiny")
+    sub.add_argument("--adapter", default=None, metavar="DIR", help="an adapter folder to put on the base M")
+
+
+def _sampling_args(sub, max_tokens=256):
+    sub.add_argument("--max-tokens", type=_number_at_least(1), default=max_tokens)
+    sub.add_argument("--temperature", type=_number_at_least(0.0, float), default=0.0, help="0 = greedy (default)")
+    sub.add_argument("--top-p", type=float, default=1.0)
+    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--system", default=None, metavar="TEXT",
+                     help="system prompt (default: the run's data.system_prompt, none for other models)")
+
+
+@command("convert", "convert a Hugging Face model (hub id or local folder) to an MLX folder")
+def _convert(sub):
+    from mlx_grpo.convert import DTYPES
+
+    sub.add_argument("--hf-path", required=True, metavar="ID_OR_DIR")
+    sub.add_argument("--mlx-path", required=True, metavar="DIR")
+    sub.add_argument("--quantize", "-q", action="store_true")
+    sub.add_argument("--q-bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8))
+    sub.add_argument("--q-group-size", type=int, default=64, choices=(32, 64, 128))
+    sub.add_argument("--dtype", default=None, choices=DTYPES, help="default: as the checkpoint stores it")
+    sub.add_argument("--force", action="store_true", help="replace a non-empty --mlx-path")
+    sub.add_argument("--trust-remote-code", action="store_true")
+
+    def run(args):
+        from mlx_grpo.convert import main
+
+        return main(args)
+
+    return run
+
+
+@command("export", "fuse a run's adapters into its base and write a standalone model folder")
+def _export(sub):
+    sub.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
+    sub.add_argument("--out", required=True, metavar="DIR")
+    sub.add_argument("--adapter", default=None, metavar="DIR", help="an adapter folder, when SOURCE is its base")
+    sub.add_argument("--dequantize", action="store_true", help="write float weights for a quantized base")
+    sub.add_argument("--force", action="store_true", help="replace a non-empty --out")
+
+    def run(args):
+        from mlx_grpo.export import main
+
+        return main(args)
+
+    return run
+
+
+@command("generate", "answer one prompt, streamed token by token")
+def _generate(sub):
+    _model_args(sub)
+    sub.add_argument("--prompt", required=True, metavar="TEXT")
+    _sampling_args(sub)
+    sub.add_argument("--no-stream", dest="stream", action="store_false", help="print the answer at the end")
+
+    def run(args):
+        from mlx_grpo.generate import main
+
+        return main(args)
+
+    return run
+
+
+@command("chat", "chat with a model: /reset, /system TEXT, /quit; Ctrl-C stops an answer")
+def _chat(sub):
+    _model_args(sub)
+    _sampling_args(sub)
+
+    def run(args):
+        from mlx_grpo.chat import main
+
+        return main(args)
+
+    return run
+
+
+@command("eval", "score a model on a held-out split with the profile's rewards and task metric")
+def _eval(sub):
+    sub.add_argument("--config", default=None, help="profile (default: the config of the run M comes from)")
+    sub.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    _model_args(sub, required=False)
+    sub.add_argument("--split", default=None, help="default: eval.split")
+    sub.add_argument("--limit", type=_number_at_least(0), default=None, help="first N distinct prompts (default: eval.limit)")
+    sub.add_argument("--num-samples", type=_number_at_least(1), default=None, metavar="K", help="K > 1 adds maj@K and pass@K")
+    sub.add_argument("--temperature", type=_number_at_least(0.0, float), default=None, help="for the K samples (default: eval.temperature)")
+    sub.add_argument("--max-tokens", type=_number_at_least(1), default=None, help="default: eval.max_new_tokens")
+    sub.add_argument("--seed", type=int, default=None, help="default: the config's seed")
+    sub.add_argument("--out", "--json", dest="out", default=None, metavar="FILE",
+                     help="results JSON (default: the run folder, else ./eval_<split>.json)")
+
+    def run(args):
+        from mlx_grpo.evaluate import main
+
+        return main(args)
+
+    return run
+
+
 def build_parser():
     parser = argparse.ArgumentParser(
         prog="mlx-grpo",

@@ -53,6 +53,8 @@ class LoraConfig:
         "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
     ])
     num_layers: int = -1  # -1 = all layers, else the last N (as mlx-lm counts)
+    method: str = "lora"  # "dora" = weight-decomposed LoRA (mlx-lm's DoRA layers)
+    resume_adapter: str = ""  # an adapter folder to start from; "" = fresh adapters
 
     @property
     def scale(self) -> float:
@@ -143,6 +145,17 @@ class CheckpointConfig:
 
 
 @dataclass
+class EvalConfig:
+    every: int = 0  # evaluate every N training steps; 0 = off
+    split: str = "test"
+    limit: int = 0  # first N distinct held-out prompts; 0 = all
+    num_samples: int = 1  # K > 1 adds maj@K and pass@K from K samples per prompt
+    temperature: float = 1.0  # for the K samples; pass@1 is always greedy
+    max_new_tokens: int = 0  # 0 = generation.max_new_tokens
+    batch_size: int = 16  # prompts decoded at once (one progress-bar tick each)
+
+
+@dataclass
 class Config:
     seed: int = 0
     output_dir: str = "runs/default"
@@ -157,6 +170,7 @@ class Config:
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
 
 
 # What each field allows beyond its type: dotted key -> (check, what the message says).
@@ -194,6 +208,7 @@ RULES: dict[str, Rule] = {
     "lora.dropout": _UNIT,
     "lora.target_modules": (bool, "a non-empty array of module names"),
     "lora.num_layers": ((lambda v: v == -1 or v >= 1), "-1 (all layers) or >= 1"),
+    "lora.method": _one_of("lora", "dora"),
     "data.max_prompt_tokens": _at_least(1),
     "generation.num_generations": (
         (lambda v: v >= 2),
@@ -241,6 +256,13 @@ RULES: dict[str, Rule] = {
     "logging.warn_reward_falling_steps": ((lambda v: v == 0 or v >= 3), "0 (off) or >= 3"),
     "checkpoint.save_every": _at_least(1),
     "checkpoint.keep_last": _at_least(1),
+    "eval.every": _at_least(0),
+    "eval.split": (bool, "a non-empty split name"),
+    "eval.limit": _at_least(0),
+    "eval.num_samples": _at_least(1),
+    "eval.temperature": _above(0),
+    "eval.max_new_tokens": _at_least(0),
+    "eval.batch_size": _at_least(1),
 }
 
 _KINDS = {bool: "boolean", int: "integer", float: "float", str: "string",
@@ -360,6 +382,11 @@ def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -
         _merge(cfg, _parse_override(item), "", f"--set {item}")
     if cfg.grpo.epsilon_high is None:
         cfg.grpo.epsilon_high = cfg.grpo.epsilon
+    if cfg.lora.resume_adapter and not cfg.lora.enabled:
+        raise ConfigError(
+            f"lora.resume_adapter is {cfg.lora.resume_adapter!r} but lora.enabled is false; "
+            "set lora.enabled = true to train that adapter further"
+        )
     g, cap = cfg.grpo, cfg.generation.max_new_tokens
     if g.overlong_penalty > 0 and g.overlong_buffer > cap:
         raise ConfigError(

@@ -24,6 +24,7 @@ from mlx.utils import tree_flatten, tree_map
 import numpy as np
 from tqdm import tqdm
 
+from mlx_grpo.adapters import load_adapter_weights
 from mlx_grpo.advantages import group_advantages, group_stats
 from mlx_grpo.checkpoint import checkpoint_dir, save_checkpoint
 from mlx_grpo.config import save_config
@@ -34,6 +35,7 @@ from mlx_grpo.distributed import (
 )
 from mlx_grpo.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
 from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.evaluate import make_training_eval
 from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
 from mlx_grpo.loss import (
     DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
@@ -97,6 +99,8 @@ def build_policy(cfg):
     num_layers = len(model.layers)
     if cfg.lora.enabled:
         num_layers = add_adapters(model, cfg.lora, use_dora=getattr(cfg.lora, "method", "lora") == "dora")
+        if cfg.lora.resume_adapter:
+            load_adapter_weights(model, cfg.lora.resume_adapter)
     if cfg.training.grad_checkpoint:
         from mlx_lm.tuner.trainer import grad_checkpoint
 
@@ -333,6 +337,8 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     if world.size > 1:
         mx.random.seed(sampling_seed(cfg.seed, world.rank))
     examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
+    # None unless [eval] every > 0; rank 0 evaluates alone, its parameters equal every rank's.
+    run_eval = make_training_eval(cfg, tokenizer, reward_set) if main else None
     t, gen, g = cfg.training, cfg.generation, cfg.grpo
     prompts_per_update = t.prompts_per_step * t.gradient_accumulation_steps
     if len(examples) < prompts_per_update:
@@ -441,6 +447,8 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
             "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
             "peak_memory_gb": world.max(mx.get_peak_memory() / 1e9),
         }
+        if run_eval and step % cfg.eval.every == 0:
+            metrics.update(run_eval(model))
         if main:  # the other ranks only take part in the reductions
             log_step(metrics, drawn, step, update_metrics)
         ckpt = end_of_step(step, ckpt)

@@ -33,3 +33,19 @@ def tiny(tiny_path):
     import mlx_lm
 
     return mlx_lm.load(tiny_path)
+
+
+@pytest.fixture(scope="session")
+def lora_run(tmp_path_factory):
+    """A LoRA run of two GRPO steps on builtin:tiny, shared by the tests of trained models."""
+    from mlx_grpo.config import load_config
+    from mlx_grpo.train import train
+
+    out = tmp_path_factory.mktemp("lora_run") / "run"
+    cfg = load_config("configs/smoke_test.toml", [
+        "training.max_steps=2", "training.prompts_per_step=2", "generation.max_new_tokens=32",
+        "checkpoint.save_every=1", "lora.enabled=true", "lora.rank=4", "training.learning_rate=1e-2",
+        f'output_dir="{out}"',
+    ])
+    train(cfg)
+    return out

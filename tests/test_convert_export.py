@@ -1,0 +1,93 @@
+"""convert from a local Hugging Face folder, export of trained runs, and resolving --model M."""
+
+import json
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx_lm
+import pytest
+
+from mlx_grpo.cli import main
+from mlx_grpo.config import load_config
+from mlx_grpo.errors import ModelError
+from mlx_grpo.model_spec import load_model
+from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+
+X = mx.array([[5, 17, 42, 99, 3]])
+
+
+def test_convert_local_hf_folder_refuses_a_non_empty_destination(tmp_path, tiny_path, tiny, capsys):
+    dst = tmp_path / "tiny-mlx"
+    dst.mkdir()  # an empty folder is fine
+    assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst)]) == 0
+    converted, _ = mlx_lm.load(str(dst))
+    assert mx.array_equal(converted(X), tiny[0](X)).item()
+
+    assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst), "--quantize", "--q-bits", "8"]) == 2
+    assert capsys.readouterr().err.strip().endswith("folder is not empty; pass --force to replace it")
+    assert "quantization" not in json.loads((dst / "config.json").read_text())  # left as it was
+
+    assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst), "--force",
+                 "--quantize", "--q-bits", "8", "--q-group-size", "32"]) == 0
+    assert json.loads((dst / "config.json").read_text())["quantization"]["bits"] == 8
+    quantized, _ = mlx_lm.load(str(dst))
+    assert isinstance(quantized.layers[0].mlp.down_proj, nn.QuantizedLinear)
+    assert not list(tmp_path.glob(".tiny-mlx.tmp*"))
+
+
+def test_model_spec_resolves_runs_checkpoints_and_adapters(lora_run, tiny_path):
+    step2 = lora_run / "checkpoints" / "step_000002"
+    run = load_model(str(lora_run))
+    assert run.checkpoint == step2 and run.run_dir == lora_run
+    assert run.system_prompt == load_config(step2 / "config.toml").data.system_prompt == DEFAULT_SYSTEM_PROMPT
+    ckpt1 = load_model(str(lora_run / "checkpoints" / "step_000001"))
+    base_plus = load_model(tiny_path, adapter=str(step2))
+    assert base_plus.checkpoint == step2 and base_plus.system_prompt == DEFAULT_SYSTEM_PROMPT
+    assert mx.allclose(run.model(X), base_plus.model(X)).item()
+    assert not mx.allclose(run.model(X), ckpt1.model(X)).item()
+    assert load_model("builtin:tiny").system_prompt == DEFAULT_SYSTEM_PROMPT
+    assert load_model(tiny_path).system_prompt == ""  # a plain folder says nothing about its prompt
+    with pytest.raises(ModelError, match="already carries an adapter"):
+        load_model(str(lora_run), adapter=str(step2))
+    with pytest.raises(ModelError, match="not an adapter folder"):
+        load_model(tiny_path, adapter=tiny_path)
+
+
+def test_run_without_checkpoints_is_refused(tmp_path):
+    (tmp_path / "checkpoints").mkdir()
+    with pytest.raises(ModelError, match="has no complete checkpoint yet"):
+        load_model(str(tmp_path))
+
+
+def test_export_lora_run_is_a_standalone_mlx_lm_model(lora_run, tmp_path):
+    out = tmp_path / "exported"
+    assert main(["export", str(lora_run), "--out", str(out)]) == 0
+    assert not (out / "adapter_config.json").exists() and (out / "config.toml").exists()
+    fused, tokenizer = mlx_lm.load(str(out))
+    assert not any("lora" in name for name, _ in fused.named_modules())
+    trained = load_model(str(lora_run))
+    assert mx.allclose(fused(X), trained.model(X), atol=1e-4).item()
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": "What is 1 + 1?"}],
+                                           add_generation_prompt=True, tokenize=False)
+    assert isinstance(mlx_lm.generate(fused, tokenizer, prompt, max_tokens=8), str)
+    assert load_model(str(out)).system_prompt == DEFAULT_SYSTEM_PROMPT  # from the copied config.toml
+
+
+def test_export_qlora_keeps_or_drops_quantization(tmp_path):
+    from mlx_grpo.train import train
+
+    cfg = load_config("configs/smoke_test.toml", [
+        "training.max_steps=1", "training.prompts_per_step=2", "generation.max_new_tokens=16",
+        "lora.enabled=true", "lora.rank=4", "model.quantize_bits=4", "model.quantize_group_size=32",
+        "training.learning_rate=1e-2", f'output_dir="{tmp_path / "run"}"',
+    ])
+    ckpt = train(cfg)
+    trained = load_model(str(ckpt))
+    for flag, quantized in (([], True), (["--dequantize"], False)):
+        out = tmp_path / f"out{len(flag)}"
+        assert main(["export", str(ckpt), "--out", str(out), *flag]) == 0
+        assert ("quantization" in json.loads((out / "config.json").read_text())) == quantized
+        model, _ = mlx_lm.load(str(out))
+        assert isinstance(model.layers[0].self_attn.q_proj, nn.QuantizedLinear) == quantized
+        if not quantized:  # exact fuse of the dequantized base; re-quantizing adds its own rounding
+            assert mx.allclose(model(X), trained.model(X), atol=1e-3).item()

@@ -91,3 +91,17 @@ def test_export_qlora_keeps_or_drops_quantization(tmp_path):
         assert isinstance(model.layers[0].self_attn.q_proj, nn.QuantizedLinear) == quantized
         if not quantized:  # exact fuse of the dequantized base; re-quantizing adds its own rounding
             assert mx.allclose(model(X), trained.model(X), atol=1e-3).item()
+
+
+def test_full_checkpoint_of_a_run_loads_with_its_system_prompt(tmp_path, tiny_path):
+    import shutil
+
+    from mlx_grpo.config import save_config
+
+    ckpt = tmp_path / "run" / "checkpoints" / "step_000007"
+    shutil.copytree(tiny_path, ckpt)  # a full checkpoint is a model folder plus the run's files
+    save_config(load_config(None, ['data.system_prompt="Answer briefly."']), ckpt / "config.toml")
+    (ckpt / "trainer_state.json").write_text('{"step": 7}')
+    loaded = load_model(str(tmp_path / "run"))
+    assert loaded.checkpoint == ckpt and loaded.system_prompt == "Answer briefly."
+    assert loaded.base_path == str(ckpt) and loaded.run_dir == tmp_path / "run"

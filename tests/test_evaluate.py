@@ -1,6 +1,7 @@
 """eval: task metrics against hand-computed values, the command, and [eval] during training."""
 
 import json
+from pathlib import Path
 
 import pytest
 
@@ -83,6 +84,15 @@ def test_eval_command_on_a_run_writes_json_into_the_run(lora_run, capsys):
     assert result["split"] == "test" and result["metrics"]["num_prompts"] == 4 and len(result["samples"]) == 4
     table = capsys.readouterr().out
     assert "accuracy" in table and str(written) in table
+
+
+def test_eval_of_the_configured_base_writes_into_the_working_directory(tmp_path, monkeypatch, capsys):
+    profile = str(Path(SMOKE).resolve())
+    monkeypatch.chdir(tmp_path)
+    assert main(["eval", "--config", profile, "--limit", "3", "--max-tokens", "32"]) == 0
+    result = json.loads((tmp_path / "eval_test.json").read_text())
+    assert result["model"] == "builtin:tiny" and result["metrics"]["num_prompts"] == 3
+    assert result["max_new_tokens"] == 32 and "accuracy" in capsys.readouterr().out
 
 
 def test_eval_without_config_or_run_is_one_line_error(capsys):

@@ -136,7 +136,7 @@ def _convert(sub):
     def run(args):
         from mlx_grpo.convert import main
 
-        return main(args)
+        main(args)
 
     return run
 
@@ -152,7 +152,7 @@ def _export(sub):
     def run(args):
         from mlx_grpo.export import main
 
-        return main(args)
+        main(args)
 
     return run
 
@@ -167,7 +167,7 @@ def _generate(sub):
     def run(args):
         from mlx_grpo.generate import main
 
-        return main(args)
+        main(args)
 
     return run
 
@@ -180,7 +180,7 @@ def _chat(sub):
     def run(args):
         from mlx_grpo.chat import main
 
-        return main(args)
+        main(args)
 
     return run
 
@@ -202,7 +202,7 @@ def _eval(sub):
     def run(args):
         from mlx_grpo.evaluate import main
 
-        return main(args)
+        main(args)
 
     return run
 

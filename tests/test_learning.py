@@ -1,4 +1,7 @@
-"""GRPO improves the policy: on a fixed set of prompts, the sampled reward rises."""
+"""GRPO improves the policy: on a fixed prompt, the sampled reward rises.
+
+The tiny model does not yet generalise what it learns to held-out prompts within a
+test's budget; this checks the policy improvement itself."""
 
 import json
 
@@ -11,7 +14,7 @@ from mlx_grpo.evaluate import evaluate_rewards
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.train import train
 
-ROWS = [{"question": "What is 7 + 5?", "answer": "#### 12"}, {"question": "What is 13 - 4?", "answer": "#### 9"}]
+ROWS = [{"question": "What is 7 + 5?", "answer": "#### 12"}]
 
 
 def _sampled_accuracy(path, cfg):
@@ -27,11 +30,11 @@ def test_grpo_raises_sampled_accuracy(tmp_path, tiny_path):
     data = tmp_path / "two.jsonl"
     data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
     cfg = load_config("configs/smoke_test.toml", [
-        f'output_dir="{tmp_path / "run"}"', f'data.dataset="{data}"', "training.max_steps=15", "training.learning_rate=3e-4",
-        "training.prompts_per_step=2", "generation.num_generations=8", "generation.max_new_tokens=32",
+        f'output_dir="{tmp_path / "run"}"', f'data.dataset="{data}"', "training.max_steps=10", "training.learning_rate=1e-4",
+        "training.prompts_per_step=1", "generation.num_generations=8", "generation.max_new_tokens=32",
         "checkpoint.save_every=100", 'rewards=[{name="gsm8k_correctness",weight=1.0}]',
     ])
     before = _sampled_accuracy(tiny_path, cfg)
     after = _sampled_accuracy(train(cfg), cfg)
     print("sampled accuracy before", before, "after", after)
-    assert after >= before + 0.1, (before, after)
+    assert after >= before + 0.25, (before, after)

@@ -202,6 +202,16 @@ def _eval(sub):
     def run(args):
         from mlx_grpo.evaluate import main
 
+
+@command("bench", "seconds per step against MLX's own limit on the same work (see scripts/bench.py)")
+def _bench(sub):
+    from mlx_grpo.bench import add_arguments
+
+    add_arguments(sub)
+
+    def run(args):
+        from mlx_grpo.bench import main
+
         main(args)
 
     return run

@@ -18,7 +18,6 @@ import signal
 import time
 
 import mlx.core as mx
-import mlx.nn as nn
 import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_map
 import numpy as np
@@ -27,6 +26,7 @@ from tqdm import tqdm
 from mlx_grpo.adapters import load_adapter_weights
 from mlx_grpo.advantages import group_advantages, group_stats
 from mlx_grpo.checkpoint import checkpoint_dir, save_checkpoint
+from mlx_grpo.compiled_step import make_grad_fn
 from mlx_grpo.config import save_config
 from mlx_grpo.data import PromptStream, load_examples
 from mlx_grpo.distributed import (
@@ -49,6 +49,10 @@ from mlx_grpo.stopping import RunStopped, StopRequest
 from mlx_grpo.watch import RunWatcher
 
 PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
+# mx.compile on the micro-batch gradient: correct (tests/test_update_step.py) but measured
+# slower on the CPU backend (builtin:tiny fwd+bwd 0.74 s plain vs 0.89 s compiled; `mlx-grpo
+# bench` prints both), so off; rerun the bench on Metal before turning it on there.
+COMPILE_STEP = False
 
 
 def seed_everything(seed: int):
@@ -173,14 +177,16 @@ def make_loss_fn(cfg):
     return loss_fn
 
 
-def update(model, optimizer, batches, loss_fn, cfg, world=SINGLE):
-    """One optimizer update from the accumulated gradients of all micro-batches (of all ranks)."""
+def update(model, optimizer, batches, grad_fn, cfg, world=SINGLE):
+    """One optimizer update from the accumulated gradients of all micro-batches (of all ranks).
+
+    grad_fn: batch -> ((loss, metrics), grads), from `make_grad_fn`.
+    """
     k = cfg.training.gradient_accumulation_steps
     scale = 1.0 / k if DIVIDES_BY_ACCUMULATION[cfg.grpo.loss_type] else 1.0
-    value_and_grad = nn.value_and_grad(model, loss_fn)
     total_loss, grads, sums, tokens = 0.0, None, {}, 0.0
     for batch in batches:
-        (loss, metrics), g = value_and_grad(model, batch)
+        (loss, metrics), g = grad_fn(batch)
         g = tree_map(lambda x: x * scale, g)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         n = batch.mask.sum()
@@ -226,8 +232,9 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, cfg) -> Sc
     return ScoredRollout(rollout, rewards, per_name, questions)
 
 
-def optimize(model, optimizer, ref_model, rollout, rewards, cfg, world=SINGLE) -> dict:
-    """num_iterations updates on one step's completions; returns the update's metrics.
+def prepare_batches(model, ref_model, rollout, rewards, cfg, world=SINGLE) -> list[MicroBatch]:
+    """Advantages, micro-batches, and the constant log-probs they need: the reference's
+    (only when beta > 0) and the sampling policy's (only when num_iterations > 1).
 
     Across ranks, `rollout` and `rewards` are this rank's rows; advantages are taken over
     every rank's rewards, so that scale_rewards = "batch" sees the whole step.
@@ -246,11 +253,15 @@ def optimize(model, optimizer, ref_model, rollout, rewards, cfg, world=SINGLE) -
                 token_logprobs(model, b.inputs, b.positions, b.targets, gen.temperature)
             )
         mx.eval(b.ref_logp, b.old_logp)
+    return batches
+
+
+def run_updates(model, optimizer, batches, grad_fn, cfg, world=SINGLE) -> dict:
+    """num_iterations optimizer updates on prepared micro-batches; returns their metrics."""
     model.train()
-    loss_fn = make_loss_fn(cfg)
     losses, norms = [], []
-    for _ in range(g.num_iterations):
-        loss, grad_norm, loss_metrics = update(model, optimizer, batches, loss_fn, cfg, world)
+    for _ in range(cfg.grpo.num_iterations):
+        loss, grad_norm, loss_metrics = update(model, optimizer, batches, grad_fn, cfg, world)
         lr = optimizer.learning_rate.item()  # the rate this update used
         losses.append(loss)
         norms.append(grad_norm)
@@ -258,6 +269,16 @@ def optimize(model, optimizer, ref_model, rollout, rewards, cfg, world=SINGLE) -
         "loss": float(np.mean(losses)), **loss_metrics,
         "grad_norm": float(np.mean(norms)), "learning_rate": lr,
     }
+
+
+def optimize(model, optimizer, ref_model, rollout, rewards, cfg, world=SINGLE, grad_fn=None) -> dict:
+    """num_iterations updates on one step's completions; returns the update's metrics.
+
+    grad_fn: from `make_grad_fn`, made once per run (a compiled one keeps its traces).
+    """
+    grad_fn = grad_fn or make_grad_fn(model, make_loss_fn(cfg), compiled=COMPILE_STEP)
+    batches = prepare_batches(model, ref_model, rollout, rewards, cfg, world)
+    return run_updates(model, optimizer, batches, grad_fn, cfg, world)
 
 
 def step_groups(scored: ScoredRollout, cfg, world=SINGLE):
@@ -365,6 +386,8 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
         print(f"mlx-grpo: data-parallel over {world.size} ranks, "
               f"{allreduce_bytes(model) / 1e6:.2f} MB all-reduced per update")
 
+    grad_fn = make_grad_fn(model, make_loss_fn(cfg), compiled=COMPILE_STEP)
+
     def draw(n):  # n of this rank's prompts, taken from the same global stream on every rank
         examples = local_share(stream.take(n * world.size), t.prompts_per_step, world)
         return sample_and_score(model, tokenizer, examples, reward_set, sampler, cfg)
@@ -427,7 +450,7 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
         if scored.rewards:
             try:
                 update_metrics = optimize(
-                    model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg, world
+                    model, optimizer, ref_model, scored.rollout, scored.rewards, step_cfg, world, grad_fn
                 )
             except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
                 bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)

@@ -1,0 +1,246 @@
+"""`mlx-grpo bench`: the trainer's seconds per step against MLX's own limit on the same work.
+
+After a warm-up step (which also traces the compiled gradient), each measured step runs
+the trainer's own functions, timed one by one: rollout (`generate_completions`), rewards,
+reference pass (`prepare_batches`: the no-grad log-probs) and update (`run_updates`).
+Then, on the same model and that step's shapes, the limit:
+
+- generation: mlx-lm's `BatchGenerator` decoding the same P*G sequences with no stop
+  token and each one's `max_tokens` set to the length the trainer sampled, so it makes
+  exactly the same tokens in the same batch; each prompt is prefilled once into a cache
+  that its G sequences share (less work than prefilling P*G prompts, so it stays a lower
+  bound); no Python work per token beyond draining the generator.
+- update: one forward+backward of a plain token log-likelihood over the same padded
+  micro-batches, timed plain and compiled, the faster taken; no optimizer update.
+
+Reported: medians over the measured steps, the ratio step / limit, tokens per second
+and peak memory (MLX's counters). Timings are wall-clock and noisy on a shared machine.
+"""
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import mlx.optimizers as optim
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_grpo.compiled_step import make_grad_fn
+from mlx_grpo.config import ConfigError, load_config
+from mlx_grpo.data import PromptStream, load_examples
+from mlx_grpo.loss import token_logprobs
+from mlx_grpo.model import load_base
+from mlx_grpo.rewards import RewardSet
+from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.train import (
+    COMPILE_STEP, build_policy, make_loss_fn, make_lr_schedule, prepare_batches, run_updates, seed_everything,
+)
+
+SIZES = {"tiny": "builtin:tiny", "small": "builtin:small"}
+GB = 1e9
+
+
+def bench_config(model_path: str, prompts: int, generations: int, max_new_tokens: int, overrides=()):
+    """The trainer's defaults (full fine-tune, beta 0.04) at the benchmark's shapes."""
+    return load_config(None, [
+        f"model.path={json.dumps(model_path)}", f"training.prompts_per_step={prompts}",
+        f"generation.num_generations={generations}", f"generation.max_new_tokens={max_new_tokens}",
+        *overrides,
+    ])
+
+
+class _Trainer:
+    """The state `train()` builds, set up the same way."""
+
+    def __init__(self, cfg):
+        t, g = cfg.training, cfg.grpo
+        seed_everything(cfg.seed)
+        self.cfg = cfg
+        self.reward_set = RewardSet.from_config(cfg.rewards)
+        self.model, self.tokenizer, base_path, _ = build_policy(cfg)
+        self.ref_model = None
+        if g.beta > 0 and not cfg.lora.enabled:
+            self.ref_model = load_base(cfg.model, base_path)[0]
+            self.ref_model.freeze()
+        examples = load_examples(cfg.data, self.tokenizer, seed=cfg.seed)
+        self.stream = PromptStream(examples, cfg.data.shuffle, cfg.seed)
+        gen = cfg.generation
+        self.sampler = make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p)
+        self.optimizer = optim.AdamW(
+            learning_rate=make_lr_schedule(t, 1_000_000), betas=list(t.adam_betas), weight_decay=t.weight_decay,
+        )
+        self.grad_fn = make_grad_fn(self.model, make_loss_fn(cfg), compiled=COMPILE_STEP)
+        self.trainable = sum(v.size for _, v in tree_flatten(self.model.trainable_parameters()))
+
+
+def _timed_step(tr: _Trainer) -> tuple[dict, object, list]:
+    cfg, gen = tr.cfg, tr.cfg.generation
+    examples = tr.stream.take(cfg.training.prompts_per_step * cfg.training.gradient_accumulation_steps)
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    tr.model.eval()
+    rollout = generate_completions(
+        tr.model, tr.tokenizer, [e.prompt_tokens for e in examples], num_generations=gen.num_generations,
+        max_new_tokens=gen.max_new_tokens, sampler=tr.sampler, batch_size=gen.batch_size,
+    )
+    t1 = time.perf_counter()
+    questions = [e.question for e in examples for _ in range(gen.num_generations)]
+    answers = [e.answer for e in examples for _ in range(gen.num_generations)]
+    rewards, _ = tr.reward_set(questions, rollout.texts, answers)
+    t2 = time.perf_counter()
+    batches = prepare_batches(tr.model, tr.ref_model, rollout, rewards, cfg)
+    t3 = time.perf_counter()
+    before_update = mx.get_peak_memory()
+    mx.reset_peak_memory()
+    run_updates(tr.model, tr.optimizer, batches, tr.grad_fn, cfg)
+    t4 = time.perf_counter()
+    update_peak = mx.get_peak_memory()
+    return {
+        "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "reference_s": t3 - t2,
+        "update_s": t4 - t3, "completion_tokens": rollout.num_tokens,
+        "scored_tokens": sum(float(b.mask.sum().item()) for b in batches),
+        "peak_memory_gb": max(before_update, update_peak) / GB, "update_peak_memory_gb": update_peak / GB,
+    }, rollout, batches
+
+
+def generation_limit(model, prompts, lengths, group_size: int, sampler, batch_size: int = 0) -> float:
+    """Seconds mlx-lm's BatchGenerator takes to decode exactly `lengths` tokens per sequence.
+
+    prompts: the P distinct prompts; lengths: P*G completion lengths, prompt-major.
+    """
+    n = len(lengths)
+    gen = BatchGenerator(model, max_tokens=max(lengths), stop_tokens=None, sampler=sampler,
+                         completion_batch_size=batch_size or n, prefill_batch_size=min(batch_size or n, 64))
+    made = 0
+    tic = time.perf_counter()
+    try:
+        for i, prompt in enumerate(prompts):
+            cache = make_prompt_cache(model)
+            model(mx.array(prompt[:-1])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            gen.insert([prompt[-1:]] * group_size, max_tokens=lengths[i * group_size:(i + 1) * group_size],
+                       caches=[cache] * group_size)
+        while responses := gen.next_generated():
+            made += len(responses)
+    finally:
+        gen.close()
+    seconds = time.perf_counter() - tic
+    assert made == sum(lengths), (made, sum(lengths))
+    return seconds
+
+
+def _likelihood(model, b):
+    return -(token_logprobs(model, b.inputs, b.positions, b.targets) * b.mask).sum()
+
+
+def forward_backward_limit(model, batches, grad_fns) -> tuple[list[float], float]:
+    """(seconds of each grad_fn, peak GB) of one forward+backward over `batches`, summing grads."""
+    times, peak = [], 0.0
+    for grad_fn in grad_fns:
+        mx.reset_peak_memory()
+        tic = time.perf_counter()
+        grads = None
+        for b in batches:
+            loss, g = grad_fn(b)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            mx.eval(loss, grads)
+        times.append(time.perf_counter() - tic)
+        peak = max(peak, mx.get_peak_memory() / GB)
+        del grads
+    return times, peak
+
+
+def _limit(tr: _Trainer, rollout, batches, fb_fns) -> dict:
+    g = rollout.group_size
+    prompts = rollout.prompt_tokens[::g]
+    lengths = [len(c) for c in rollout.completion_tokens]
+    tr.model.eval()
+    gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.cfg.generation.batch_size)
+    tr.model.train()
+    (plain_s, compiled_s), fb_peak = forward_backward_limit(tr.model, batches, fb_fns)
+    fb_s = min(plain_s, compiled_s)  # the limit is the faster of the two
+    return {"total_s": gen_s + fb_s, "generation_s": gen_s, "forward_backward_s": fb_s,
+            "forward_backward_plain_s": plain_s, "forward_backward_compiled_s": compiled_s,
+            "forward_backward_peak_memory_gb": fb_peak}
+
+
+def run_bench(cfg, steps: int = 5, label: str = "") -> dict:
+    """Warm-up step, then `steps` measured steps each followed by its limit; the report as a dict."""
+    tr = _Trainer(cfg)
+    plain = nn.value_and_grad(tr.model, _likelihood)
+    fb_fns = [lambda b: plain(tr.model, b), make_grad_fn(tr.model, _likelihood, compiled=True)]
+    rows = []
+    for i in range(steps + 1):
+        step, rollout, batches = _timed_step(tr)
+        limit = _limit(tr, rollout, batches, fb_fns)
+        if i > 0:  # step 0 warms up: first traces, caches, allocator
+            rows.append({"step": step, "limit": limit})
+    med = lambda part, key: statistics.median(r[part][key] for r in rows)
+    step = {k: med("step", k) for k in rows[0]["step"]}
+    limit = {k: med("limit", k) for k in rows[0]["limit"]}
+    return {
+        "model": cfg.model.path, "label": label, "trainable_parameters": tr.trainable,
+        "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
+        "generations": cfg.generation.num_generations, "max_new_tokens": cfg.generation.max_new_tokens,
+        "micro_batch_size": cfg.training.micro_batch_size, "beta": cfg.grpo.beta,
+        "compiled_step": COMPILE_STEP, "measured_steps": steps,
+        "step": step, "limit": limit,
+        "step_over_limit": step["total_s"] / limit["total_s"],
+        "rollout_tokens_per_s": step["completion_tokens"] / step["rollout_s"],
+        "raw_generation_tokens_per_s": step["completion_tokens"] / limit["generation_s"],
+        "update_tokens_per_s": step["scored_tokens"] / step["update_s"],
+        "forward_backward_tokens_per_s": step["scored_tokens"] / limit["forward_backward_s"],
+        "peak_memory_gb": step["peak_memory_gb"],
+        "update_memory_over_forward_backward": step["update_peak_memory_gb"] / limit["forward_backward_peak_memory_gb"],
+        "per_step": rows,
+    }
+
+
+def format_report(r: dict) -> str:
+    s, lim = r["step"], r["limit"]
+    lines = [
+        f"{r['model']}: {r['trainable_parameters']:,} trainable, P={r['prompts']} G={r['generations']} "
+        f"max_new_tokens={r['max_new_tokens']}, median of {r['measured_steps']} steps",
+        f"{'':24}{'trainer':>10}{'limit':>10}",
+        f"{'step (s)':24}{s['total_s']:10.2f}{lim['total_s']:10.2f}   ratio {r['step_over_limit']:.3f}",
+        f"{'  rollout / generation':24}{s['rollout_s']:10.2f}{lim['generation_s']:10.2f}",
+        f"{'  rewards':24}{s['rewards_s']:10.3f}",
+        f"{'  reference pass':24}{s['reference_s']:10.2f}",
+        f"{'  update / fwd+bwd':24}{s['update_s']:10.2f}{lim['forward_backward_s']:10.2f}"
+        f"   (fwd+bwd plain {lim['forward_backward_plain_s']:.2f}, compiled {lim['forward_backward_compiled_s']:.2f})",
+        f"{'rollout tokens/s':24}{r['rollout_tokens_per_s']:10.1f}{r['raw_generation_tokens_per_s']:10.1f}",
+        f"{'update tokens/s':24}{r['update_tokens_per_s']:10.1f}{r['forward_backward_tokens_per_s']:10.1f}",
+        f"{'peak memory (GB)':24}{s['update_peak_memory_gb']:10.3f}{lim['forward_backward_peak_memory_gb']:10.3f}"
+        f"   update / fwd+bwd {r['update_memory_over_forward_backward']:.2f}; step peak {r['peak_memory_gb']:.3f}",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser):
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="built-in model (default tiny)")
+    parser.add_argument("--model", help="any model path or hub id instead of --size")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps after the warm-up (default 5)")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step, P (default 2)")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt, G (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. --set lora.enabled=true (repeatable)")
+    parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the report as JSON")
+
+
+def main(args) -> dict:
+    """Run the benchmark from parsed `add_arguments` options; prints the table."""
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    path = args.model or SIZES[args.size]
+    cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
+    report = run_bench(cfg, steps=args.steps, label=args.model or args.size)
+    print(format_report(report))
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return report

@@ -1,0 +1,37 @@
+"""`mlx-grpo bench` runs end to end on the tiny model and reports every field (no timing asserted)."""
+
+import json
+
+from mlx_grpo.cli import main
+
+STEP_FIELDS = {"total_s", "rollout_s", "rewards_s", "reference_s", "update_s", "completion_tokens",
+               "scored_tokens", "peak_memory_gb", "update_peak_memory_gb"}
+LIMIT_FIELDS = {"total_s", "generation_s", "forward_backward_s", "forward_backward_plain_s",
+                "forward_backward_compiled_s", "forward_backward_peak_memory_gb"}
+
+
+def test_bench_writes_a_complete_report(tmp_path, capsys):
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--size", "tiny", "--steps", "2", "--prompts", "1", "--generations", "2",
+               "--max-new-tokens", "8", "--json", str(out)])
+    assert rc == 0
+    r = json.loads(out.read_text())
+    assert "ratio" in capsys.readouterr().out  # the table was printed
+    assert (r["model"], r["prompts"], r["generations"], r["max_new_tokens"]) == ("builtin:tiny", 1, 2, 8)
+    assert r["lora"] is False and r["measured_steps"] == 2 and len(r["per_step"]) == 2
+    assert set(r["step"]) == STEP_FIELDS and set(r["limit"]) == LIMIT_FIELDS
+    for row in r["per_step"]:
+        assert 2 <= row["step"]["completion_tokens"] <= 16  # 2 completions of 1..8 tokens
+        assert row["step"]["scored_tokens"] == row["step"]["completion_tokens"]
+        lim = row["limit"]
+        assert lim["forward_backward_s"] == min(lim["forward_backward_plain_s"], lim["forward_backward_compiled_s"])
+        assert lim["total_s"] == lim["generation_s"] + lim["forward_backward_s"]
+    for key in ["step_over_limit", "rollout_tokens_per_s", "raw_generation_tokens_per_s", "update_tokens_per_s",
+                "forward_backward_tokens_per_s", "peak_memory_gb", "update_memory_over_forward_backward"]:
+        assert r[key] > 0, key
+    assert r["step_over_limit"] == r["step"]["total_s"] / r["limit"]["total_s"]
+
+
+def test_bench_rejects_zero_steps(capsys):
+    assert main(["bench", "--size", "tiny", "--steps", "0"]) == 2
+    assert "--steps must be >= 1, got 0" in capsys.readouterr().err

@@ -1,0 +1,118 @@
+"""The update step: chunking, gradient checkpointing and mx.compile leave the gradients unchanged."""
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlx_grpo.compiled_step import make_grad_fn
+from mlx_grpo.config import load_config
+from mlx_grpo.loss import LOSS_TYPES
+from mlx_grpo.rollout import Rollout
+from mlx_grpo.train import make_loss_fn, prepare_batches, update
+
+
+def _rollout():
+    """2 prompts x G=3 completions of different lengths (vocabulary 64)."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, 5).tolist(), rng.integers(1, 64, 9).tolist()]
+    lengths = [3, 7, 12, 1, 5, 9]
+    return Rollout(
+        prompt_tokens=[prompts[i // 3] for i in range(6)],
+        completion_tokens=[rng.integers(1, 64, n).tolist() for n in lengths],
+        texts=[""] * 6, truncated=[False, False, True, False, False, False], group_size=3,
+    )
+
+
+def _cfg(loss_type, *extra):
+    return load_config(None, [
+        "generation.num_generations=3", "training.prompts_per_step=2", "generation.max_new_tokens=12",
+        f"grpo.loss_type={loss_type}", "grpo.beta=0.04", "generation.temperature=0.7", *extra,
+    ])
+
+
+def _applied_grads(model, cfg, compiled):
+    """The gradient `update` applies: an SGD step of rate 1 moves each parameter by -grad."""
+    before = {k: mx.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+    rewards = [1.0, 0.0, 0.5, 0.0, 1.0, 1.0]
+    batches = prepare_batches(model, model, _rollout(), rewards, cfg)
+    grad_fn = make_grad_fn(model, make_loss_fn(cfg), compiled=compiled)
+    loss, _, _ = update(model, optim.SGD(learning_rate=1.0), batches, grad_fn, cfg)
+    after = dict(tree_flatten(model.trainable_parameters()))
+    model.update(tree_unflatten(list(before.items())))  # undo, so calls compare on equal weights
+    return loss, {k: before[k] - after[k] for k in before}
+
+
+def _assert_same(a, b, rtol=1e-4, atol=1e-6):
+    loss_a, grads_a = a
+    loss_b, grads_b = b
+    assert loss_a == pytest.approx(loss_b, rel=1e-4, abs=1e-7)
+    assert any(mx.abs(g).max().item() > 0 for g in grads_a.values())
+    for k in grads_a:
+        assert mx.allclose(grads_a[k], grads_b[k], rtol=rtol, atol=atol).item(), k
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+def test_micro_batches_and_accumulation_give_the_unchunked_gradient(random_qwen2, loss_type):
+    # No clipping, so the applied step is the raw accumulated gradient.
+    whole = _applied_grads(random_qwen2, _cfg(loss_type, "training.max_grad_norm=0"), compiled=False)
+    chunked = _applied_grads(random_qwen2, _cfg(loss_type, "training.max_grad_norm=0",
+                                                 "training.micro_batch_size=2"), compiled=False)
+    _assert_same(whole, chunked)
+    # Two accumulation parts of one group each, each chunked or not: same gradient. grpo and
+    # dr_grpo divide by the part's sequences and by the part count (sum / 6 either way) and
+    # dapo by the step's tokens, so they also equal the unsplit step; bnpo averages the two
+    # parts' token means (as TRL does), which differs when the parts' token counts differ.
+    parts = _applied_grads(random_qwen2, _cfg(loss_type, "training.max_grad_norm=0",
+                                              "training.gradient_accumulation_steps=2",
+                                              "training.prompts_per_step=1", "training.micro_batch_size=2"),
+                           compiled=False)
+    parts_whole = _applied_grads(random_qwen2, _cfg(loss_type, "training.max_grad_norm=0",
+                                                    "training.gradient_accumulation_steps=2",
+                                                    "training.prompts_per_step=1"), compiled=False)
+    _assert_same(parts, parts_whole)
+    if loss_type == "bnpo":
+        assert parts[0] != pytest.approx(whole[0], rel=1e-3)
+    else:
+        _assert_same(parts, whole)
+
+
+@pytest.mark.parametrize("loss_type", ["grpo", "dapo"])
+def test_compiled_step_matches_uncompiled(random_qwen2, loss_type):
+    cfg = _cfg(loss_type, "training.max_grad_norm=0", "training.micro_batch_size=4")
+    _assert_same(_applied_grads(random_qwen2, cfg, compiled=False), _applied_grads(random_qwen2, cfg, compiled=True))
+
+
+def test_compiled_step_reads_new_scalars_and_weights(random_qwen2):
+    """A new normaliser value or new weights must not reuse a stale trace."""
+    cfg = _cfg("bnpo")
+    batch = prepare_batches(random_qwen2, random_qwen2, _rollout(), [1.0, 0, 0.5, 0, 1, 1], cfg)[0]
+    grad_fn = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=True)
+    (first, _), _ = grad_fn(batch)
+    batch.num_items = batch.num_items * 2
+    (halved, _), _ = grad_fn(batch)
+    assert halved.item() == pytest.approx(first.item() / 2, rel=1e-5)
+    w = random_qwen2.model.norm.weight
+    random_qwen2.model.norm.weight = w * 3.0
+    (moved, _), _ = grad_fn(batch)
+    random_qwen2.model.norm.weight = w
+    (plain, _), _ = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=False)(batch)
+    assert halved.item() == pytest.approx(plain.item(), rel=1e-5)
+    assert moved.item() != pytest.approx(halved.item(), rel=1e-3)
+
+
+def test_grad_checkpoint_gives_the_same_gradients(random_qwen2):
+    from mlx_lm.tuner.trainer import grad_checkpoint
+
+    cfg = _cfg("grpo", "training.max_grad_norm=0")
+    plain = _applied_grads(random_qwen2, cfg, compiled=False)
+    block = type(random_qwen2.layers[0])
+    original = block.__call__
+    grad_checkpoint(random_qwen2.layers[0])  # patches the block class, for every instance
+    try:
+        assert block.__call__ is not original
+        _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=False))
+        _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=True))
+    finally:
+        block.__call__ = original

@@ -202,6 +202,10 @@ def _eval(sub):
     def run(args):
         from mlx_grpo.evaluate import main
 
+        main(args)
+
+    return run
+
 
 @command("bench", "seconds per step against MLX's own limit on the same work (see scripts/bench.py)")
 def _bench(sub):

@@ -51,16 +51,19 @@ _ARCH = {
 RECIPES = {
     "tiny": {
         "arch": {**_ARCH, "hidden_size": 128, "num_hidden_layers": 4, "intermediate_size": 384},
-        # Tuned so that sampling at temperature 1.0 keeps the format and gets about a quarter to
-        # a third of held-out answers and about two thirds of train answers right: learnable by
-        # RL, with room to improve. Small batches matter: the model learns to copy the operands
-        # after about 100 steps at batch 8; at batch 32 it had not after 300.
+        # Tuned so that sampling at temperature 1.0 keeps the format and gets about a third of
+        # held-out answers right: learnable by RL, with room to improve. Half the targets write
+        # a two-step question as one line, which the model gets wrong more often than the
+        # worked steps; GRPO then has a behaviour to select that carries over to held-out
+        # questions (the stepwise share rises from about half). Small batches matter: the model
+        # learns to copy the operands after about 100 steps at batch 8; at 32 not after 300.
         "warm_start": {
-            "steps": 400,
+            "steps": 1000,
             "batch_size": 8,
             "learning_rate": 3e-3,
             "warmup": 30,
             "weight_decay": 0.5,
+            "one_line": 0.5,
             "seed": 0,
         },
     },
@@ -179,14 +182,14 @@ def _train_tokenizer():
     )
 
 
-def _warm_example(tokenizer, row: dict) -> tuple[list[int], int]:
+def _warm_example(tokenizer, row: dict, step_by_step: bool) -> tuple[list[int], int]:
     """Token ids of prompt + target, and the length of the prompt."""
     messages = [
         {"role": "system", "content": DEFAULT_SYSTEM_PROMPT},
         {"role": "user", "content": row["question"]},
     ]
     prompt = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
-    target = tokenizer.encode(arithmetic.format_completion(row) + "<|im_end|>", add_special_tokens=False)
+    target = tokenizer.encode(arithmetic.format_completion(row, step_by_step) + "<|im_end|>", add_special_tokens=False)
     return prompt + target, len(prompt)
 
 
@@ -205,6 +208,7 @@ def _warm_start(
     learning_rate: float,
     warmup: int,
     weight_decay: float,
+    one_line: float,
     seed: int,
 ) -> None:
     """Supervised next-token training on the completion tokens of arithmetic chats.
@@ -214,8 +218,10 @@ def _warm_start(
     equal those of the full sequences (checked to float precision) for about 1.5x less work.
     """
     rows = arithmetic.make_problems(steps * batch_size, seed=seed, split="train")
-    encoded = {r["question"]: _warm_example(tokenizer, r) for r in rows}  # a few hundred distinct
-    examples = [encoded[r["question"]] for r in rows]
+    style_rng = random.Random(seed + 1)
+    keys = [(r["question"], style_rng.random() >= one_line) for r in rows]  # (question, step by step)
+    encoded = {k: _warm_example(tokenizer, r, k[1]) for k, r in zip(keys, rows)}  # at most two per question
+    examples = [encoded[k] for k in keys]
     n_prefix = _common_prefix_len([ids for ids, _ in examples])
     assert all(n_prefix < n_prompt for _, n_prompt in examples), "the shared prefix must end in the prompt"
     prefix = mx.array(examples[0][0][:n_prefix])[None]  # (1, P)

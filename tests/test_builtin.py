@@ -19,8 +19,9 @@ from mlx_grpo import arithmetic, builtin_models
 from mlx_grpo.builtin_models import builtin_model_path
 from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
 
-QUESTION = re.compile(r"What is (\d+) ([+-]) (\d+)\?")
+QUESTION = re.compile(r"What is (\d) ([+-]) (\d)(?: ([+-]) (\d))?\?")
 ANSWER = re.compile(r"<answer>\n(.*?)\n</answer>")
+REASONED = re.compile(r"<reasoning>\n(.*?)\n</reasoning>\n<answer>\n(.*?)\n</answer>", re.S)
 
 
 def test_make_problems_is_deterministic():
@@ -29,20 +30,32 @@ def test_make_problems_is_deterministic():
     assert arithmetic.make_problems(50, seed=3, split="test") != arithmetic.make_problems(50, seed=3)
 
 
+def _apply(x, op, y):
+    return x + y if op == "+" else x - y
+
+
 @pytest.mark.parametrize("split", arithmetic.SPLITS)
-def test_answers_are_gsm8k_format_and_correct(split):
-    for row in arithmetic.make_problems(200, seed=0, split=split):
-        a, op, b = QUESTION.fullmatch(row["question"]).groups()
-        expected = int(a) + int(b) if op == "+" else int(a) - int(b)
-        assert row["answer"] == f"{a} {op} {b} = {expected}\n#### {expected}"
-        assert arithmetic.final_answer(row) == str(expected)
+def test_answers_are_worked_steps_in_gsm8k_format(split):
+    rows = arithmetic.make_problems(400, seed=0, split=split)
+    for row in rows:
+        a, op, b, op2, c = QUESTION.fullmatch(row["question"]).groups()
+        x = _apply(int(a), op, int(b))
+        steps = [f"{a} {op} {b} = {x}"]
+        if op2:
+            steps.append(f"{x} {op2} {c} = {_apply(x, op2, int(c))}")
+        result = steps[-1].rsplit(" ", 1)[1]
+        assert row["answer"] == "\n".join(steps) + f"\n#### {result}"
+        assert arithmetic.final_answer(row) == result
+        assert all(0 <= int(s.rsplit(" ", 1)[1]) <= 9 for s in steps)  # single digits throughout
+    two_step = sum(QUESTION.fullmatch(r["question"]).group(4) is not None for r in rows) / len(rows)
+    assert 0.85 < two_step < 0.95  # 1210 of the 1320 questions have two steps
 
 
 def test_train_and_test_questions_are_disjoint():
-    # 1000 rows cycle through each whole pool several times.
-    train = {r["question"] for r in arithmetic.make_problems(1000, seed=0, split="train")}
-    test = {r["question"] for r in arithmetic.make_problems(1000, seed=1, split="test")}
-    assert len(train) > 100 and len(test) >= 32
+    # 2000 rows cycle through each whole pool at least twice.
+    train = {r["question"] for r in arithmetic.make_problems(2000, seed=0, split="train")}
+    test = {r["question"] for r in arithmetic.make_problems(2000, seed=1, split="test")}
+    assert (len(train), len(test)) == (995, 325)
     assert not train & test
 
 
@@ -53,10 +66,13 @@ def test_bad_arguments_raise():
         builtin_model_path("huge")
 
 
-def test_format_completion():
-    row = {"question": "What is 7 + 5?", "answer": "7 + 5 = 12\n#### 12"}
-    assert (
-        arithmetic.format_completion(row) == "<reasoning>\n7 + 5 = 12\n</reasoning>\n<answer>\n12\n</answer>"
+def test_format_completion_step_by_step_or_one_line():
+    row = {"question": "What is 2 + 7 - 3?", "answer": "2 + 7 = 9\n9 - 3 = 6\n#### 6"}
+    assert arithmetic.format_completion(row) == (
+        "<reasoning>\n2 + 7 = 9\n9 - 3 = 6\n</reasoning>\n<answer>\n6\n</answer>"
+    )
+    assert arithmetic.format_completion(row, step_by_step=False) == (
+        "<reasoning>\n2 + 7 - 3 = 6\n</reasoning>\n<answer>\n6\n</answer>"
     )
 
 
@@ -114,7 +130,7 @@ def test_tiny_tokenizer(tiny):
     assert tokenizer.eos_token == "<|im_end|>"
     assert tokenizer.eos_token_ids == {tokenizer.convert_tokens_to_ids("<|im_end|>")}
     assert tokenizer.pad_token == "<|endoftext|>"
-    completion = arithmetic.format_completion({"answer": "9 + 9 = 18\n#### 18"})
+    completion = arithmetic.format_completion({"answer": "2 + 7 = 9\n9 - 3 = 6\n#### 6"})
     for text in ["What is 12 + 345?", "Hello, wörld!\n\n  tabs\tand 🙂", completion]:
         assert tokenizer.decode(tokenizer.encode(text, add_special_tokens=False)) == text
     digits = tokenizer.encode("2024", add_special_tokens=False)
@@ -148,3 +164,23 @@ def test_tiny_is_partly_right_on_held_out_questions(tiny, temperature):
     print(f"temperature {temperature}: format {formatted:.2f}, stopped {stopped:.2f}, correct {correct:.2f}")
     assert formatted >= 0.9 and stopped >= 0.9, (formatted, stopped)
     assert 0.05 < correct < 0.9, correct
+
+
+def test_tiny_mixes_styles_and_steps_are_more_often_right(tiny):
+    # What GRPO has to work with: at temperature 1 the warm-started model writes a held-out
+    # two-step question either as worked steps or as one line, and the steps are right more
+    # often (0.41 against 0.29 here; 0.49 against 0.25 with seed 1).
+    model, tokenizer = tiny
+    rows = [r for r in arithmetic.make_problems(325, seed=0, split="test") if r["answer"].count("\n") == 2][:128]
+    mx.random.seed(0)
+    out = batch_generate(model, tokenizer, [_prompt(tokenizer, r["question"]) for r in rows], max_tokens=64,
+                         sampler=make_sampler(1.0))
+    by_style = {True: [], False: []}  # step by step -> [right or not]
+    for text, row in zip(out.texts, rows):
+        if m := REASONED.search(text):
+            by_style[m.group(1).count("\n") == 1].append(m.group(2) == arithmetic.final_answer(row))
+    share = len(by_style[True]) / len(rows)
+    right = {style: sum(v) / len(v) for style, v in by_style.items()}
+    print(f"stepwise share {share:.2f}, right: stepwise {right[True]:.2f}, one line {right[False]:.2f}")
+    assert 0.25 < share < 0.75, share
+    assert right[True] > right[False] + 0.05, right

@@ -1,40 +1,48 @@
-"""GRPO improves the policy: on a fixed prompt, the sampled reward rises.
+"""GRPO improves the policy on questions it never trained on.
 
-The tiny model does not yet generalise what it learns to held-out prompts within a
-test's budget; this checks the policy improvement itself."""
+The smoke run exactly as the README gives it (`mlx-grpo train --config configs/smoke_test.toml`,
+only output_dir changed), then `mlx-grpo eval` of the base and of the trained run on the 200
+held-out questions of builtin:arithmetic, greedy. Measured here: accuracy 0.415 -> 0.655,
+two-step answers written as worked steps 0.40 -> 1.00 of them, and the training reward
+(mean of the first 10 steps against the last 10) 0.943 -> 1.071.
+"""
 
 import json
 
-import mlx.core as mx
-import mlx_lm
+import numpy as np
 
-from mlx_grpo.config import load_config
-from mlx_grpo.data import load_examples
-from mlx_grpo.evaluate import evaluate_rewards
-from mlx_grpo.rewards import RewardSet
-from mlx_grpo.train import train
+from mlx_grpo import cli
+from mlx_grpo.log import read_metrics
 
-ROWS = [{"question": "What is 7 + 5?", "answer": "#### 12"}]
+SMOKE = "configs/smoke_test.toml"
 
 
-def _sampled_accuracy(path, cfg):
-    model, tokenizer = mlx_lm.load(str(path))
-    examples = load_examples(cfg.data, tokenizer)
-    mx.random.seed(123)
-    rewards = RewardSet.from_config(cfg.rewards)
-    out = evaluate_rewards(model, tokenizer, examples, rewards, max_new_tokens=32, temperature=1.0, num_samples=16)
-    return out["rewards/gsm8k_correctness/mean"]
+def _eval(tmp_path, name, *model_args):
+    out = tmp_path / f"{name}.json"
+    assert cli.main(["eval", *model_args, "--out", str(out)]) == 0
+    return json.loads(out.read_text())
 
 
-def test_grpo_raises_sampled_accuracy(tmp_path, tiny_path):
-    data = tmp_path / "two.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
-    cfg = load_config("configs/smoke_test.toml", [
-        f'output_dir="{tmp_path / "run"}"', f'data.dataset="{data}"', "training.max_steps=10", "training.learning_rate=1e-4",
-        "training.prompts_per_step=1", "generation.num_generations=8", "generation.max_new_tokens=32",
-        "checkpoint.save_every=100", 'rewards=[{name="gsm8k_correctness",weight=1.0}]',
-    ])
-    before = _sampled_accuracy(tiny_path, cfg)
-    after = _sampled_accuracy(train(cfg), cfg)
-    print("sampled accuracy before", before, "after", after)
-    assert after >= before + 0.25, (before, after)
+def _stepwise_share(result) -> float:
+    """Of the greedy answers to two-step questions, the share written as two steps."""
+    two_step = [s for s in result["samples"] if s["answer"].count("\n") == 2]
+    reasoning = [s["completion"].split("</reasoning>")[0] for s in two_step]
+    return sum(r.count("\n") == 3 for r in reasoning) / len(two_step)
+
+
+def test_smoke_run_raises_held_out_accuracy(tmp_path):
+    run = tmp_path / "run"
+    assert cli.main(["train", "--config", SMOKE, "--set", f'output_dir="{run}"']) == 0
+    before = _eval(tmp_path, "before", "--config", SMOKE)
+    after = _eval(tmp_path, "after", "--model", str(run))
+    b, a = before["metrics"], after["metrics"]
+    assert b["num_prompts"] == a["num_prompts"] == 200
+    share = _stepwise_share(before), _stepwise_share(after)
+    rewards = [r["reward"] for r in read_metrics(run)]
+    first, last = np.mean(rewards[:10]), np.mean(rewards[-10:])
+    print(f"held-out accuracy {b['accuracy']:.3f} -> {a['accuracy']:.3f}, reward {b['reward']:.3f} -> "
+          f"{a['reward']:.3f}, stepwise {share[0]:.2f} -> {share[1]:.2f}; training reward {first:.3f} -> {last:.3f}")
+    assert a["accuracy"] >= b["accuracy"] + 0.15
+    assert a["reward"] >= b["reward"] + 0.1
+    assert share[1] >= share[0] + 0.3
+    assert last >= first + 0.05

@@ -36,8 +36,9 @@ from mlx_grpo.loss import token_logprobs
 from mlx_grpo.model import load_base
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.rng import seed_everything
 from mlx_grpo.train import (
-    COMPILE_STEP, build_policy, make_loss_fn, make_lr_schedule, prepare_batches, run_updates, seed_everything,
+    COMPILE_STEP, build_policy, make_loss_fn, make_lr_schedule, prepare_batches, run_updates,
 )
 
 SIZES = {"tiny": "builtin:tiny", "small": "builtin:small"}

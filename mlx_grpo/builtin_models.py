@@ -26,6 +26,7 @@ from mlx_lm.utils import load_tokenizer, save_config, save_model
 
 from mlx_grpo import arithmetic
 from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.rng import capture_rng, restore_rng
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 OPERATOR_TOKENS = [" + ", " - ", " = "]
@@ -104,6 +105,9 @@ def builtin_model_path(name: str) -> Path:
     path.parent.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
     tmp = Path(tempfile.mkdtemp(prefix=f".{path.name}.", dir=path.parent))
+    # The build seeds and draws; a run that builds the model on first use must sample
+    # exactly what the same run samples with the model cached.
+    rng = capture_rng()
     try:
         _build(name, tmp)
         os.rename(tmp, path)
@@ -113,6 +117,7 @@ def builtin_model_path(name: str) -> Path:
             raise
         # Another process renamed its build into place first; its folder is as good as ours.
     finally:
+        restore_rng(rng)
         shutil.rmtree(tmp, ignore_errors=True)
     return path
 
@@ -212,6 +217,9 @@ def _warm_start(
     seed: int,
 ) -> None:
     """Supervised next-token training on the completion tokens of arithmetic chats.
+
+    A share `one_line` of the rows, drawn with the seed, target the one-line style of
+    `arithmetic.format_completion`; the rest target the worked steps.
 
     Every chat opens with the same system turn, about half of its tokens: that prefix runs
     once per step and its keys and values are repeated over the batch. The loss and gradients

@@ -12,12 +12,10 @@ is) stops the resume unless forced.
 from dataclasses import dataclass
 import json
 from pathlib import Path
-import random
 import shutil
 import tomllib
 
 import mlx.core as mx
-import numpy as np
 
 from mlx_grpo.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state
 from mlx_grpo.config import config_to_dict
@@ -34,29 +32,6 @@ class ResumePoint:
     data_position: int
     bad_steps: int
     rng: dict
-
-
-def capture_rng() -> dict:
-    """The MLX, NumPy and Python PRNG states as JSON-ready data."""
-    key = mx.random.state[0]
-    mx.eval(key)
-    name, keys, pos, has_gauss, gauss = np.random.get_state()
-    version, internal, gauss_next = random.getstate()
-    return {
-        "mlx": key.tolist(),
-        "numpy": [name, keys.tolist(), int(pos), int(has_gauss), float(gauss)],
-        "python": [version, list(internal), gauss_next],
-    }
-
-
-def restore_rng(state: dict) -> None:
-    # An MLX key [hi, lo] is exactly the key that seed (hi << 32 | lo) makes.
-    hi, lo = state["mlx"]
-    mx.random.seed((hi << 32) | lo)
-    name, keys, pos, has_gauss, gauss = state["numpy"]
-    np.random.set_state((name, np.array(keys, dtype=np.uint32), pos, has_gauss, gauss))
-    version, internal, gauss_next = state["python"]
-    random.setstate((version, tuple(internal), gauss_next))
 
 
 def _flat(table: dict, prefix: str = "") -> dict:

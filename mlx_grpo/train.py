@@ -13,7 +13,6 @@ stage; this file only composes them.
 from dataclasses import dataclass, replace
 import math
 from pathlib import Path
-import random
 import signal
 import time
 
@@ -42,7 +41,8 @@ from mlx_grpo.loss import (
 )
 from mlx_grpo.model import add_adapters, adapters_disabled, load_base
 from mlx_grpo.overlong import overlong_penalty
-from mlx_grpo.resume import capture_rng, open_run, restore_rng, restore_training_state
+from mlx_grpo.resume import open_run, restore_training_state
+from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
 from mlx_grpo.stopping import RunStopped, StopRequest
@@ -53,12 +53,6 @@ PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
 # slower on the CPU backend (builtin:tiny fwd+bwd 0.74 s plain vs 0.89 s compiled; `mlx-grpo
 # bench` prints both), so off; rerun the bench on Metal before turning it on there.
 COMPILE_STEP = False
-
-
-def seed_everything(seed: int):
-    mx.random.seed(seed)
-    np.random.seed(seed)
-    random.seed(seed)
 
 
 def make_lr_schedule(tcfg, total_updates: int):

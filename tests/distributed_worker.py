@@ -22,7 +22,8 @@ from mlx_grpo.config import load_config
 from mlx_grpo.distributed import SINGLE, init_world, local_share, sync_parameters
 from mlx_grpo.model import load_base
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.train import build_policy, optimize, seed_everything
+from mlx_grpo.rng import seed_everything
+from mlx_grpo.train import build_policy, optimize
 
 G = 4
 BASE = ["model.path=\"builtin:tiny\"", f"generation.num_generations={G}", "generation.max_new_tokens=16",

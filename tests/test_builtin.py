@@ -5,10 +5,12 @@ cache and shared by every test; the cache mechanics are checked with a stubbed b
 """
 
 import json
+import random
 import re
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 from mlx_lm import generate, load
@@ -90,6 +92,29 @@ def test_cache_folder_is_renamed_into_place(tmp_path, monkeypatch):
     assert (path / "weights").read_text() == "small"
     assert builtin_model_path("small") == path and builds == ["small"]  # the second call reuses it
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
+
+
+def test_building_leaves_the_callers_random_streams_alone(tmp_path, monkeypatch):
+    # train() seeds before it loads the model: a first run that builds it must sample what
+    # every later run (model cached) samples.
+    def drawing_build(name, path):
+        mx.random.seed(0)
+        np.random.seed(0)
+        random.seed(0)
+        mx.eval(mx.random.normal((4,)))
+
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
+    monkeypatch.setattr(builtin_models, "_build", drawing_build)
+
+    def draws(build: bool):
+        mx.random.seed(7)
+        np.random.seed(7)
+        random.seed(7)
+        if build:
+            builtin_model_path("small")
+        return mx.random.uniform(shape=(3,)).tolist(), np.random.rand(), random.random()
+
+    assert draws(build=True) == draws(build=False)
 
 
 def test_losing_a_concurrent_build_uses_the_winners_folder(tmp_path, monkeypatch):

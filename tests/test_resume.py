@@ -16,7 +16,8 @@ from mlx_grpo import cli
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.log import read_metrics, truncate_jsonl
-from mlx_grpo.resume import capture_rng, config_differences, open_run, restore_rng
+from mlx_grpo.resume import config_differences, open_run
+from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.train import train
 
 SMOKE = "configs/smoke_test.toml"

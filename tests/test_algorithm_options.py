@@ -27,7 +27,8 @@ def test_clip_metrics_nonzero_when_off_policy(tmp_path, level):
     # num_iterations = 2: the second update sees old_logp != logp. With epsilon = 1e-3 any
     # token (or sequence, for GSPO) the first update moved by more than 0.1% in the direction
     # of its advantage is clipped, so the logged (last-update) clip ratio is above 0.
-    _, rows = _run(tmp_path, "grpo.num_iterations=2", "grpo.epsilon=1e-3",
+    # Four prompts, so that some group in each step has unequal rewards.
+    _, rows = _run(tmp_path, "grpo.num_iterations=2", "grpo.epsilon=1e-3", "training.prompts_per_step=4",
                    f'grpo.importance_sampling_level="{level}"')
     for r in rows:
         assert r["frac_reward_zero_std"] < 1  # some group has signal, else nothing can clip

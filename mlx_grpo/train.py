@@ -349,8 +349,9 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
         ref_model = load_base(cfg.model, base_path)[0]
         ref_model.freeze()
     sync_parameters(model, world)
-    if world.size > 1:
-        mx.random.seed(sampling_seed(cfg.seed, world.rank))
+    # Loading models draws random numbers (layer init before the weights arrive), and how many
+    # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
+    mx.random.seed(sampling_seed(cfg.seed, world.rank))
     examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
     # None unless [eval] every > 0; rank 0 evaluates alone, its parameters equal every rank's.
     run_eval = make_training_eval(cfg, tokenizer, reward_set) if main else None

@@ -20,21 +20,16 @@ from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from mlx_grpo.builtin_models import builtin_model_path, cache_dir
 from mlx_grpo.errors import ModelError
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 _ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
 
 
-def cache_dir() -> Path:
-    return Path(os.environ.get("MLX_GRPO_CACHE", "~/.cache/mlx-grpo")).expanduser()
-
-
 def resolve_model_path(path: str) -> str:
-    """A loadable path: builtin models are built (once) and cached locally."""
+    """A loadable path: the shipped builtin:tiny, or builtin:small built once into the cache."""
     if path.startswith("builtin:"):
-        from mlx_grpo.builtin_models import builtin_model_path
-
         return str(builtin_model_path(path.removeprefix("builtin:")))
     return path
 

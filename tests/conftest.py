@@ -22,7 +22,7 @@ def random_qwen2():
 
 @pytest.fixture(scope="session")
 def tiny_path():
-    """The built-in warm-started tiny model (built once into the user cache, then reused)."""
+    """The built-in warm-started tiny model, as shipped in the package."""
     from mlx_grpo.builtin_models import builtin_model_path
 
     return str(builtin_model_path("tiny"))

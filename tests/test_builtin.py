@@ -1,12 +1,13 @@
 """The built-in arithmetic data set and the built-in models, all offline.
 
-The tiny model comes from conftest's `tiny_path` / `tiny` fixtures: built once into the user
-cache and shared by every test; the cache mechanics are checked with a stubbed build.
+The tiny model comes from conftest's `tiny_path` / `tiny` fixtures: the files shipped in the
+package. builtin:small is built into a temporary cache, and must be the same bytes everywhere.
 """
 
 import json
 import random
 import re
+import shutil
 from pathlib import Path
 
 import mlx.core as mx
@@ -19,6 +20,7 @@ from mlx_lm.sample_utils import make_sampler
 
 from mlx_grpo import arithmetic, builtin_models
 from mlx_grpo.builtin_models import builtin_model_path
+from mlx_grpo.errors import ModelError
 from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
 
 QUESTION = re.compile(r"What is (\d) ([+-]) (\d)(?: ([+-]) (\d))?\?")
@@ -64,7 +66,7 @@ def test_train_and_test_questions_are_disjoint():
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="valid"):
         arithmetic.make_problems(3, seed=0, split="valid")
-    with pytest.raises(ValueError, match="unknown built-in model 'huge'.*tiny, small"):
+    with pytest.raises(ModelError, match="unknown built-in model 'huge'.*tiny, small"):
         builtin_model_path("huge")
 
 
@@ -78,33 +80,63 @@ def test_format_completion_step_by_step_or_one_line():
     )
 
 
-def test_cache_folder_is_renamed_into_place(tmp_path, monkeypatch):
+def test_shipped_tiny_matches_its_manifest_and_a_damaged_copy_is_refused(tmp_path):
+    shipped = builtin_model_path("tiny")
+    assert shipped == builtin_models.SHIPPED / "tiny"
+    entries = json.loads((shipped / "manifest.json").read_text())["files"]
+    assert {"config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json"} <= set(entries)
+    copy = tmp_path / "tiny"
+    shutil.copytree(shipped, copy)
+    with open(copy / "model.safetensors", "r+b") as f:  # one flipped byte in the weights
+        f.seek(1000)
+        byte = f.read(1)
+        f.seek(1000)
+        f.write(bytes([byte[0] ^ 1]))
+    with pytest.raises(ModelError, match=r"model.safetensors: SHA-256 differs from manifest.json"):
+        builtin_models.verified(copy)
+    other = shutil.copytree(shipped, tmp_path / "other")
+    (other / "tokenizer.json").unlink()
+    with pytest.raises(ModelError, match=r"tokenizer.json: missing"):
+        builtin_models.verified(other)
+
+
+def test_tiny_is_used_in_place_with_no_build_and_no_cache(tmp_path, monkeypatch):
+    monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path / "cache"))
+    assert builtin_model_path("tiny") == builtin_models.SHIPPED / "tiny"
+    assert not (tmp_path / "cache").exists()
+
+
+def test_the_wheel_ships_the_tiny_model():
+    # hatchling puts every file under the package folder into the wheel, unless git ignores it.
+    import subprocess
+
+    tracked = subprocess.run(["git", "ls-files", "mlx_grpo/builtin/tiny"], capture_output=True, text=True,
+                             check=True).stdout.split()
+    names = {Path(p).name for p in tracked}
+    manifest = json.loads((builtin_models.SHIPPED / "tiny" / "manifest.json").read_text())["files"]
+    assert set(manifest) | {"manifest.json"} <= names
+
+
+# What any machine must get for builtin:small: the digest of its tensors' float32 bytes.
+SMALL_DIGEST = "44651f9e8ed385b05c015076fc3a22346b12ce20ed3a69578bed93e0590e90e9"
+
+
+def test_small_is_the_same_bytes_on_every_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
-    builds = []
-
-    def fake_build(name, path):
-        builds.append(name)
-        (path / "weights").write_text(name)
-
-    monkeypatch.setattr(builtin_models, "_build", fake_build)
     path = builtin_model_path("small")
     assert path.parent == tmp_path and path.name.startswith("small-")
-    assert (path / "weights").read_text() == "small"
-    assert builtin_model_path("small") == path and builds == ["small"]  # the second call reuses it
+    assert builtin_models.weights_digest(path) == SMALL_DIGEST
+    assert builtin_model_path("small") == path  # the second call reuses the folder
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
+    model, tokenizer = load(str(path))
+    assert 20e6 < sum(p.size for _, p in tree_flatten(model.parameters())) < 30e6
+    assert tokenizer.eos_token == "<|im_end|>"
 
 
-def test_building_leaves_the_callers_random_streams_alone(tmp_path, monkeypatch):
-    # train() seeds before it loads the model: a first run that builds it must sample what
-    # every later run (model cached) samples.
-    def drawing_build(name, path):
-        mx.random.seed(0)
-        np.random.seed(0)
-        random.seed(0)
-        mx.eval(mx.random.normal((4,)))
-
+def test_building_small_leaves_the_callers_random_streams_alone(tmp_path, monkeypatch):
+    # Building draws (MLX initialises layers before their weights are replaced); a run that
+    # builds the model on first use must sample what every later run samples.
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
-    monkeypatch.setattr(builtin_models, "_build", drawing_build)
 
     def draws(build: bool):
         mx.random.seed(7)
@@ -119,17 +151,18 @@ def test_building_leaves_the_callers_random_streams_alone(tmp_path, monkeypatch)
 
 def test_losing_a_concurrent_build_uses_the_winners_folder(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
-    final = tmp_path / f"small-{builtin_models._recipe_hash('small')}"
+    final = {}
 
-    def build_while_another_process_wins(name, path):
+    def build_while_another_process_wins(path, config):
         (path / "ours").write_text("")
-        final.mkdir()
-        (final / "theirs").write_text("")
+        final["path"] = path.parent / path.name.split(".")[1]
+        final["path"].mkdir()
+        (final["path"] / "theirs").write_text("")
 
-    monkeypatch.setattr(builtin_models, "_build", build_while_another_process_wins)
-    assert builtin_model_path("small") == final
-    assert [p.name for p in final.iterdir()] == ["theirs"]
-    assert [p.name for p in tmp_path.iterdir()] == [final.name]
+    monkeypatch.setattr(builtin_models, "_build_small", build_while_another_process_wins)
+    assert builtin_model_path("small") == final["path"]
+    assert [p.name for p in final["path"].iterdir()] == ["theirs"]
+    assert [p.name for p in tmp_path.iterdir()] == [final["path"].name]
 
 
 def _prompt(tokenizer, question, tokenize=True):

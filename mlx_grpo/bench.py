@@ -24,7 +24,6 @@ from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
-import mlx.optimizers as optim
 from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
@@ -38,7 +37,7 @@ from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.train import (
-    COMPILE_STEP, build_policy, make_loss_fn, make_lr_schedule, prepare_batches, run_updates,
+    COMPILE_STEP, build_policy, make_loss_fn, make_optimizer, prepare_batches, run_updates,
 )
 
 SIZES = {"tiny": "builtin:tiny", "small": "builtin:small"}
@@ -71,9 +70,7 @@ class _Trainer:
         self.stream = PromptStream(examples, cfg.data.shuffle, cfg.seed)
         gen = cfg.generation
         self.sampler = make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p)
-        self.optimizer = optim.AdamW(
-            learning_rate=make_lr_schedule(t, 1_000_000), betas=list(t.adam_betas), weight_decay=t.weight_decay,
-        )
+        self.optimizer = make_optimizer(t, 1_000_000)
         self.grad_fn = make_grad_fn(self.model, make_loss_fn(cfg), compiled=COMPILE_STEP)
         self.trainable = sum(v.size for _, v in tree_flatten(self.model.trainable_parameters()))
 

@@ -77,7 +77,7 @@ class DataConfig:
 @dataclass
 class GenerationConfig:
     num_generations: int = 8  # G, completions per prompt
-    max_new_tokens: int = 128
+    max_new_tokens: int = 512  # TRL's max_completion_length
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0  # 0 = off
@@ -87,10 +87,10 @@ class GenerationConfig:
 
 @dataclass
 class GRPOConfig:
-    beta: float = 0.04  # KL penalty; 0 = no reference model
+    beta: float = 0.0  # KL penalty; 0 = no reference model (TRL's default since 0.19)
     epsilon: float = 0.2
     epsilon_high: float | None = None  # upper clip; None = epsilon (resolved by load_config)
-    loss_type: str = "grpo"
+    loss_type: str = "dapo"
     scale_rewards: str = "group"
     num_iterations: int = 1  # optimizer passes over each rollout
     mask_truncated_completions: bool = False
@@ -115,10 +115,10 @@ class TrainingConfig:
     gradient_accumulation_steps: int = 1
     micro_batch_size: int = 0  # sequences per forward/backward chunk; 0 = whole micro-batch
     learning_rate: float = 1e-6
-    lr_schedule: str = "constant"
-    warmup_steps: int = 0
+    lr_schedule: str = "linear"  # to 0 at the last update, as transformers' default
+    warmup_steps: float = 0  # optimizer updates; a value in (0, 1) is a share of all updates
     weight_decay: float = 0.0
-    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.99])
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # bias-corrected AdamW
     max_grad_norm: float = 1.0  # 0 = no clipping
     grad_checkpoint: bool = False
     max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping
@@ -238,8 +238,10 @@ RULES: dict[str, Rule] = {
     "training.gradient_accumulation_steps": _at_least(1),
     "training.micro_batch_size": _at_least(0),
     "training.learning_rate": _above(0),
-    "training.lr_schedule": _one_of("constant", "cosine"),
-    "training.warmup_steps": _at_least(0),
+    "training.lr_schedule": _one_of("linear", "cosine", "constant"),
+    "training.warmup_steps": (
+        (lambda v: 0 <= v < 1 or v == int(v)), "a whole number of updates, or a share in [0, 1)"
+    ),
     "training.weight_decay": _at_least(0),
     "training.adam_betas": (
         (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values, each in [0, 1)"

@@ -70,9 +70,10 @@ def test_defaults():
     assert cfg.data.dataset == "builtin:arithmetic"
     assert cfg.data.system_prompt == DEFAULT_SYSTEM_PROMPT
     assert cfg.generation.num_generations == 8 and cfg.generation.top_p == 1.0
-    assert cfg.grpo.loss_type == "grpo" and cfg.grpo.beta == 0.04
+    assert cfg.grpo.loss_type == "dapo" and cfg.grpo.beta == 0.0  # TRL 1.16's GRPOConfig
+    assert cfg.generation.max_new_tokens == 512 and cfg.training.lr_schedule == "linear"
     assert cfg.rewards == [RewardConfig("gsm8k_correctness", 1.0), RewardConfig("xml_format", 0.5)]
-    assert cfg.training.adam_betas == [0.9, 0.99] and cfg.training.learning_rate == 1e-6
+    assert cfg.training.adam_betas == [0.9, 0.999] and cfg.training.learning_rate == 1e-6
     assert (cfg.checkpoint.save_every, cfg.checkpoint.keep_last) == (50, 3)
 
 
@@ -80,7 +81,7 @@ def test_defaults_are_not_shared_between_configs():
     a, b = load_config(None), load_config(None)
     a.training.adam_betas.append(0.5)
     a.rewards.clear()
-    assert b.training.adam_betas == [0.9, 0.99] and len(b.rewards) == 2
+    assert b.training.adam_betas == [0.9, 0.999] and len(b.rewards) == 2
     assert Config().lora.target_modules is not Config().lora.target_modules
 
 

@@ -107,8 +107,8 @@ KNOWN_BAD = [
     ("data.prompt_field", ""), ("generation.num_generations", 1), ("generation.temperature", 0.0),
     ("generation.top_p", 0.0), ("grpo.beta", -0.1), ("grpo.loss_type", "ppo"), ("grpo.scale_rewards", "std"),
     ("grpo.num_iterations", 0), ("training.max_steps", 0), ("training.prompts_per_step", 0),
-    ("training.learning_rate", 0.0), ("training.lr_schedule", "linear"), ("training.adam_betas", [0.9]),
-    ("training.max_bad_steps", -1), ("logging.log_every", 0), ("checkpoint.save_every", 0),
+    ("training.learning_rate", 0.0), ("training.lr_schedule", "step"), ("training.adam_betas", [0.9]),
+    ("training.max_bad_steps", -1), ("training.warmup_steps", 1.5), ("logging.log_every", 0), ("checkpoint.save_every", 0),
     ("checkpoint.keep_last", 0),
 ]
 BROKEN_TOML = [

@@ -17,7 +17,7 @@ pytest.importorskip("matplotlib")  # CI installs the plot extra (.ci/run)
 
 FAST = ["training.max_steps=3", "training.prompts_per_step=2", "generation.max_new_tokens=32",
         "generation.num_generations=4", "checkpoint.save_every=10", "training.learning_rate=1e-3",
-        "logging.log_completions=5"]
+        "logging.log_completions=5", "grpo.beta=0.04"]
 
 
 @pytest.fixture(scope="module")

@@ -191,7 +191,7 @@ def test_resume_with_a_changed_config_names_the_keys_unless_forced(tmp_path, cap
     assert cli.main(["--config", SMOKE, *changed, "--resume"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1
-    assert "2 key(s): data.shuffle (run: True, now: False); grpo.beta (run: 0.04, now: 0.1); pass --force" in err
+    assert "2 key(s): data.shuffle (run: True, now: False); grpo.beta (run: 0.0, now: 0.1); pass --force" in err
 
     cfg = load_config(SMOKE, changed[1::2] + ["checkpoint.resume=true"])
     point = open_run(cfg, force=True)

@@ -193,8 +193,11 @@ _UNIT: Rule = (lambda v: 0 <= v < 1), "in [0, 1)"
 
 _NON_EMPTY: Rule = (lambda v: bool(v.strip())), "a non-empty string"
 
+# NumPy's legacy seeding (np.random.seed) takes [0, 2**32); MLX and Python take more.
+SEED_LIMIT = 2**32
+
 RULES: dict[str, Rule] = {
-    "seed": ((lambda v: 0 <= v < 2**63), "in [0, 2**63)"),
+    "seed": ((lambda v: 0 <= v < SEED_LIMIT), "in [0, 2**32)"),
     "output_dir": _NON_EMPTY,
     "model.path": _NON_EMPTY,
     "data.dataset": _NON_EMPTY,

@@ -102,7 +102,7 @@ def _out_of_range(dotted, hint):
 
 # Out of range, written out by hand so that a rule missing from RULES is caught too.
 KNOWN_BAD = [
-    ("seed", -1), ("output_dir", ""), ("model.path", " "), ("model.dtype", "float64"), ("model.quantize_bits", 3),
+    ("seed", -1), ("seed", 2**32), ("output_dir", ""), ("model.path", " "), ("model.dtype", "float64"), ("model.quantize_bits", 3),
     ("lora.rank", 0), ("lora.dropout", 1.0), ("lora.target_modules", []), ("data.dataset", ""), ("data.split", ""),
     ("data.prompt_field", ""), ("generation.num_generations", 1), ("generation.temperature", 0.0),
     ("generation.top_p", 0.0), ("grpo.beta", -0.1), ("grpo.loss_type", "ppo"), ("grpo.scale_rewards", "std"),

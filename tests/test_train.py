@@ -72,3 +72,21 @@ def test_same_seed_gives_identical_runs(tmp_path):
         train(cfg)
         runs.append([{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(cfg.output_dir)])
     assert runs[0] == runs[1]
+
+
+def test_the_largest_seed_trains_and_the_next_is_refused_in_one_line(tmp_path, capsys):
+    """`seed` and the commands' --seed take [0, 2**32), the range NumPy seeds: 2**32 - 1 trains
+    a step end to end, 2**32 stops at load time. Before, the config took [0, 2**63) and
+    np.random.seed failed with a traceback at 2**32."""
+    from mlx_grpo.cli import main
+    from mlx_grpo.config import ConfigError
+
+    cfg = _cfg(tmp_path, "training.max_steps=1", f"seed={2**32 - 1}")
+    train(cfg)
+    (row,) = read_metrics(cfg.output_dir)
+    assert np.isfinite(row["loss"])
+    with pytest.raises(ConfigError, match=r"^--set seed=4294967296: seed must be in \[0, 2\*\*32\), got 4294967296$"):
+        _cfg(tmp_path, f"seed={2**32}")
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--config", SMOKE, "--seed", str(2**32)])
+    assert exit_.value.code == 2 and "must be in [0, 2**32), got 4294967296" in capsys.readouterr().err

@@ -147,8 +147,3 @@ def adapters_disabled(model):
     finally:
         model.update_modules(tree_unflatten(adapters))
 
-
-def count_parameters(params) -> int:
-    from mlx.utils import tree_flatten
-
-    return sum(v.size for _, v in tree_flatten(params))

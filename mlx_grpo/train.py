@@ -289,7 +289,7 @@ def step_groups(scored: ScoredRollout, cfg, world=SINGLE):
     return take_groups(scored, list(range(used))), step_cfg
 
 
-def rollout_metrics(drawn: ScoredRollout, world=SINGLE) -> dict:
+def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> dict:
     """Reward and length metrics over the rows of every rank (whole groups stay together)."""
     cols = world.gather({
         "length": [len(c) for c in drawn.rollout.completion_tokens],
@@ -299,7 +299,7 @@ def rollout_metrics(drawn: ScoredRollout, world=SINGLE) -> dict:
     lengths, rewards = cols["length"], cols["reward"]
     out = {
         "reward": float(np.mean(rewards)),
-        **group_stats(rewards, drawn.rollout.group_size),
+        **group_stats(rewards, drawn.rollout.group_size, scale_rewards),
         "completions/mean_length": float(np.mean(lengths)),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
@@ -454,7 +454,7 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
             update_metrics = {}
             tqdm.write(f"step {step}: no group had reward spread in "
                        f"{sampling_metrics['dynamic_sampling/rounds']} rounds; update skipped")
-        rollout_stats = rollout_metrics(drawn, world)
+        rollout_stats = rollout_metrics(drawn, g.scale_rewards, world)
         step_time = world.max(time.perf_counter() - tic)
         metrics = {
             "step": step,

@@ -39,7 +39,7 @@ from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step, 
 from mlx_grpo.loss import (
     DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
 )
-from mlx_grpo.model import add_adapters, adapters_disabled, load_base
+from mlx_grpo.model import add_adapters, adapters_disabled, checkpoint_layers, load_base
 from mlx_grpo.overlong import overlong_penalty
 from mlx_grpo.resume import open_run, restore_training_state
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
@@ -100,9 +100,7 @@ def build_policy(cfg):
         if cfg.lora.resume_adapter:
             load_adapter_weights(model, cfg.lora.resume_adapter)
     if cfg.training.grad_checkpoint:
-        from mlx_lm.tuner.trainer import grad_checkpoint
-
-        grad_checkpoint(model.layers[0])
+        checkpoint_layers(model)
     return model, tokenizer, base_path, num_layers
 
 

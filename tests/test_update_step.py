@@ -10,7 +10,8 @@ from mlx_grpo.compiled_step import make_grad_fn
 from mlx_grpo.config import load_config
 from mlx_grpo.loss import LOSS_TYPES
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.train import make_loss_fn, prepare_batches, update
+from mlx_grpo.model import checkpoint_layers
+from mlx_grpo.train import build_policy, make_loss_fn, prepare_batches, update
 
 
 def _rollout():
@@ -103,16 +104,32 @@ def test_compiled_step_reads_new_scalars_and_weights(random_qwen2):
 
 
 def test_grad_checkpoint_gives_the_same_gradients(random_qwen2):
-    from mlx_lm.tuner.trainer import grad_checkpoint
-
     cfg = _cfg("grpo", "training.max_grad_norm=0")
     plain = _applied_grads(random_qwen2, cfg, compiled=False)
-    block = type(random_qwen2.layers[0])
-    original = block.__call__
-    grad_checkpoint(random_qwen2.layers[0])  # patches the block class, for every instance
-    try:
-        assert block.__call__ is not original
-        _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=False))
-        _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=True))
-    finally:
-        block.__call__ = original
+    checkpoint_layers(random_qwen2)
+    assert all(type(layer).__name__.startswith("Checkpointed") for layer in random_qwen2.layers)
+    _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=False))
+    _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=True))
+
+
+def test_grad_checkpoint_is_scoped_to_the_model_being_trained(monkeypatch):
+    """training.grad_checkpoint checkpoints the policy's blocks once each, and no other model:
+    not a model built afterwards in the same process, and a second checkpointed build does not
+    wrap twice. Before, build_policy patched the block class (mlx-lm's grad_checkpoint), so a
+    later plain model was checkpointed too and every build added a nested wrapper."""
+    plain, ckpt = load_config(None), load_config(None, ["training.grad_checkpoint=true"])
+    first = build_policy(plain)[0]
+    block, call = type(first.layers[0]), type(first.layers[0]).__call__
+    build_policy(ckpt)
+    twice = build_policy(ckpt)[0]
+    after = build_policy(plain)[0]
+    assert block.__call__ is call and type(after.layers[0]) is block is type(first.layers[0])
+
+    calls = []
+    checkpoint = mx.checkpoint
+    monkeypatch.setattr(mx, "checkpoint", lambda fn: calls.append(fn) or checkpoint(fn))
+    tokens = mx.array([[1, 2, 3, 4]])
+    mx.eval(after(tokens), first(tokens))
+    assert calls == []
+    mx.eval(twice(tokens))
+    assert len(calls) == len(twice.layers)  # one checkpoint per block, not nested

@@ -249,11 +249,19 @@ def prepare_batches(model, ref_model, rollout, rewards, cfg, world=SINGLE) -> li
 
 
 def run_updates(model, optimizer, batches, grad_fn, cfg, world=SINGLE) -> dict:
-    """num_iterations optimizer updates on prepared micro-batches; returns their metrics."""
+    """num_iterations optimizer updates on prepared micro-batches; returns their metrics.
+
+    The first update is on-policy, its ratio exp(logp - stop_gradient(logp)) exactly 1, as
+    with num_iterations = 1: no parameter has moved yet. The stored old_logp (the sampling
+    policy, scored in eval mode) serves the later updates. Against it, logp scored in train
+    mode would put LoRA dropout's noise into the first ratio and clip tokens before any update.
+    """
     model.train()
     losses, norms = [], []
-    for _ in range(cfg.grpo.num_iterations):
-        loss, grad_norm, loss_metrics = update(model, optimizer, batches, grad_fn, cfg, world)
+    on_policy = [replace(b, old_logp=None) for b in batches]
+    for i in range(cfg.grpo.num_iterations):
+        parts = on_policy if i == 0 else batches
+        loss, grad_norm, loss_metrics = update(model, optimizer, parts, grad_fn, cfg, world)
         lr = optimizer.learning_rate.item()  # the rate this update used
         losses.append(loss)
         norms.append(grad_norm)

@@ -133,3 +133,34 @@ def test_grad_checkpoint_is_scoped_to_the_model_being_trained(monkeypatch):
     assert calls == []
     mx.eval(twice(tokens))
     assert len(calls) == len(twice.layers)  # one checkpoint per block, not nested
+
+
+def test_first_of_several_updates_has_ratio_one_under_lora_dropout(random_qwen2):
+    """num_iterations = 2 with LoRA dropout 0.5: the first update's ratio is exactly 1 (no
+    parameter has moved), so nothing is clipped even at epsilon = 1e-3, and grpo's loss is
+    mean(-A) = 0 (advantages sum to 0 per group). Before, old_logp came from the eval-mode
+    (dropout-free) pass while logp was computed with dropout, so the first update already
+    clipped tokens; the second update, against the stored old_logp, still does here."""
+    from mlx_grpo.config import LoraConfig
+    from mlx_grpo.model import add_adapters
+    from mlx_grpo.train import run_updates
+
+    model = random_qwen2
+    add_adapters(model, LoraConfig(rank=4, dropout=0.5))
+    mx.random.seed(1)
+    model.update(tree_unflatten([(k, 0.2 * mx.random.normal(v.shape)) for k, v in
+                                 tree_flatten(model.trainable_parameters()) if k.endswith("lora_b")]))
+    cfg = _cfg("grpo", "grpo.beta=0", "grpo.num_iterations=2", "grpo.epsilon=1e-3")
+    model.eval()  # as the rollout leaves it: old_logp is the sampling policy's, without dropout
+    batches = prepare_batches(model, None, _rollout(), [1.0, 0.0, 0.5, 0.0, 1.0, 1.0], cfg)
+    inner, seen = make_grad_fn(model, make_loss_fn(cfg), compiled=False), []
+
+    def grad_fn(batch):
+        (loss, metrics), grads = inner(batch)
+        seen.append((loss.item(), metrics["clip_ratio/region_mean"].item()))
+        return (loss, metrics), grads
+
+    run_updates(model, optim.SGD(learning_rate=1e-3), batches, grad_fn, cfg)
+    (first_loss, first_clip), (_, second_clip) = seen
+    assert first_clip == 0.0 and abs(first_loss) < 1e-6
+    assert second_clip > 0.0

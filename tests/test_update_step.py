@@ -33,11 +33,11 @@ def _cfg(loss_type, *extra):
     ])
 
 
-def _applied_grads(model, cfg, compiled):
+def _applied_grads(model, cfg, compiled, rollout=None, rewards=(1.0, 0.0, 0.5, 0.0, 1.0, 1.0)):
     """The gradient `update` applies: an SGD step of rate 1 moves each parameter by -grad."""
     before = {k: mx.array(v) for k, v in tree_flatten(model.trainable_parameters())}
-    rewards = [1.0, 0.0, 0.5, 0.0, 1.0, 1.0]
-    batches = prepare_batches(model, model, _rollout(), rewards, cfg)
+    rewards = list(rewards)
+    batches = prepare_batches(model, model, rollout or _rollout(), rewards, cfg)
     grad_fn = make_grad_fn(model, make_loss_fn(cfg), compiled=compiled)
     loss, _, _ = update(model, optim.SGD(learning_rate=1.0), batches, grad_fn, cfg)
     after = dict(tree_flatten(model.trainable_parameters()))
@@ -164,3 +164,20 @@ def test_first_of_several_updates_has_ratio_one_under_lora_dropout(random_qwen2)
     (first_loss, first_clip), (_, second_clip) = seen
     assert first_clip == 0.0 and abs(first_loss) < 1e-6
     assert second_clip > 0.0
+
+
+def test_mask_truncated_completions_leaves_truncated_rows_out_of_the_loss(random_qwen2):
+    """Row 2 of the rollout hit max_new_tokens. With grpo.mask_truncated_completions its tokens
+    carry no loss: other tokens in their place leave the gradient as it was. Without the key
+    they change it. (On-policy with the policy as reference the loss value is 0 either way.)"""
+    other = _rollout()
+    other.completion_tokens[2] = [(t + 7) % 63 + 1 for t in other.completion_tokens[2]]  # same length
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]  # row 2's advantage is -1/3 / std, not 0
+    for masked in (True, False):
+        cfg = _cfg("grpo", "training.max_grad_norm=0", f"grpo.mask_truncated_completions={str(masked).lower()}")
+        a = _applied_grads(random_qwen2, cfg, compiled=False, rewards=rewards)
+        b = _applied_grads(random_qwen2, cfg, compiled=False, rollout=other, rewards=rewards)
+        if masked:
+            _assert_same(a, b, rtol=1e-6, atol=1e-9)
+        else:
+            assert any(not mx.allclose(a[1][k], b[1][k], rtol=1e-4, atol=1e-6).item() for k in a[1])

@@ -52,10 +52,14 @@ class EvalSettings:
         return cls(**values)
 
 
-def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0):
-    """The split's distinct prompts, in order, the first `limit` of them (0 = all)."""
+def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str = "eval.split"):
+    """The split's distinct prompts, in order, the first `limit` of them (0 = all).
+
+    A split the data set does not have stops with one line naming `setting` (the key or flag
+    that chose it) and the splits there are.
+    """
     seen, out = set(), []
-    for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split):
+    for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split, setting=setting):
         if (e.question, e.answer) not in seen:
             seen.add((e.question, e.answer))
             out.append(e)
@@ -211,7 +215,7 @@ def main(args) -> dict:
                                         temperature=args.temperature)
     base_dir = Path(args.config).parent if args.config else None
     reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir)
-    examples = load_eval_examples(cfg, tokenizer, split, limit)
+    examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
     mx.random.seed(cfg.seed if args.seed is None else args.seed)
     result = evaluate(model, tokenizer, examples, reward_set, settings)
     result = {"model": args.model or cfg.model.path, "adapter": args.adapter, "split": split,

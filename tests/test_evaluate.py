@@ -1,6 +1,7 @@
 """eval: task metrics against hand-computed values, the command, and [eval] during training."""
 
 import json
+import re
 from pathlib import Path
 
 import mlx.core as mx
@@ -9,7 +10,8 @@ import pytest
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.evaluate import (
-    EvalSettings, evaluate, format_table, is_gsm8k_style, load_eval_examples, number_metrics, rouge_metrics,
+    EvalSettings, evaluate, format_table, is_gsm8k_style, load_eval_examples, make_training_eval, number_metrics,
+    rouge_metrics,
 )
 from mlx_grpo.log import read_metrics
 from mlx_grpo.rewards import RewardSet
@@ -94,6 +96,52 @@ def test_eval_of_the_configured_base_writes_into_the_working_directory(tmp_path,
     result = json.loads((tmp_path / "eval_test.json").read_text())
     assert result["model"] == "builtin:tiny" and result["metrics"]["num_prompts"] == 3
     assert result["max_new_tokens"] == 32 and "accuracy" in capsys.readouterr().out
+
+
+def test_eval_refuses_a_split_the_data_does_not_have(tmp_path, capsys):
+    """`eval --split no_such_split` used to exit 0 after scoring a local file's training rows;
+    now it is one line naming the flag, the split and the splits there are."""
+    rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    files = {}
+    for split in ("train", "test"):
+        files[split] = tmp_path / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    single = tmp_path / "single.toml"
+    single.write_text(f'[data]\ndataset = "{files["train"]}"\n')
+    table = tmp_path / "table.toml"
+    table.write_text(f'[data]\ndataset = {{train = "{files["train"]}", test = "{files["test"]}"}}\n')
+    for profile, expected in [
+        (single, r"--split: '.*train.jsonl' is one file, which is the split 'train' alone, not 'no_such_split'"),
+        (table, r"--split: data.dataset has no split 'no_such_split' \(its splits: train, test\)"),
+    ]:
+        assert main(["eval", "--config", str(profile), "--split", "no_such_split"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(expected, err), err
+    assert main(["eval", "--config", str(single)]) == 2  # eval.split = "test": a single file has none
+    assert "eval.split: " in capsys.readouterr().err
+
+
+def test_eval_split_chooses_the_held_out_rows(tiny, tmp_path):
+    """[eval] split picks the split that evaluation during training scores: 2 test questions
+    or 3 dev questions; a split the data does not have stops before training starts."""
+    from mlx_grpo.data import DataError
+
+    model, tokenizer = tiny
+    files = {}
+    for split, n in (("train", 4), ("test", 2), ("dev", 3)):
+        files[split] = tmp_path / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps({"question": f"What is {i} + {n}?", "answer": f"#### {i + n}"}) + "\n"
+                                        for i in range(n)))
+    table = "data.dataset={" + ", ".join(f'{k} = "{v}"' for k, v in files.items()) + "}"
+
+    def scored(split):
+        cfg = load_config(SMOKE, [table, "eval.every=1", "eval.max_new_tokens=4", f"eval.split={split}"])
+        return make_training_eval(cfg, tokenizer, RewardSet.from_config(cfg.rewards))
+
+    assert scored("test")(model)["eval/num_prompts"] == 2
+    assert scored("dev")(model)["eval/num_prompts"] == 3
+    with pytest.raises(DataError, match=r"^eval.split: data.dataset has no split 'valid' \(its splits: train, test, dev\)$"):
+        scored("valid")
 
 
 def test_eval_without_config_or_run_is_one_line_error(capsys):

@@ -104,6 +104,19 @@ def _number_at_least(lo, kind=int):
     return parse
 
 
+def _seed(text):
+    """An argparse type: a seed in the range the config's `seed` takes."""
+    from mlx_grpo.config import SEED_LIMIT
+
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer, got {text!r}")
+    if not 0 <= value < SEED_LIMIT:
+        raise argparse.ArgumentTypeError(f"must be in [0, 2**32), got {text}")
+    return value
+
+
 def _model_args(sub, required=True):
     sub.add_argument("--model", required=required, metavar="M",
                      help="a run folder (its latest checkpoint), a checkpoint, an exported or converted "
@@ -115,7 +128,7 @@ def _sampling_args(sub, max_tokens=256):
     sub.add_argument("--max-tokens", type=_number_at_least(1), default=max_tokens)
     sub.add_argument("--temperature", type=_number_at_least(0.0, float), default=0.0, help="0 = greedy (default)")
     sub.add_argument("--top-p", type=float, default=1.0)
-    sub.add_argument("--seed", type=int, default=0)
+    sub.add_argument("--seed", type=_seed, default=0)
     sub.add_argument("--system", default=None, metavar="TEXT",
                      help="system prompt (default: the run's data.system_prompt, none for other models)")
 
@@ -195,7 +208,7 @@ def _eval(sub):
     sub.add_argument("--num-samples", type=_number_at_least(1), default=None, metavar="K", help="K > 1 adds maj@K and pass@K")
     sub.add_argument("--temperature", type=_number_at_least(0.0, float), default=None, help="for the K samples (default: eval.temperature)")
     sub.add_argument("--max-tokens", type=_number_at_least(1), default=None, help="default: eval.max_new_tokens")
-    sub.add_argument("--seed", type=int, default=None, help="default: the config's seed")
+    sub.add_argument("--seed", type=_seed, default=None, help="default: the config's seed")
     sub.add_argument("--out", "--json", dest="out", default=None, metavar="FILE",
                      help="results JSON (default: the run folder, else ./eval_<split>.json)")
 

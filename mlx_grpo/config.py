@@ -64,8 +64,10 @@ class LoraConfig:
 
 @dataclass
 class DataConfig:
-    dataset: str = "builtin:arithmetic"  # hub id, local file, or builtin:NAME
-    subset: str = ""  # hub config name; "" = none
+    # hub id, local file (the split "train" alone), builtin:NAME, or a table of local files
+    # by split, e.g. {train = "data/gsm8k_train.jsonl", test = "data/gsm8k_test.jsonl"}
+    dataset: str | dict[str, str] = "builtin:arithmetic"
+    subset: str = ""  # hub config name; "" = none (an error for local and builtin data)
     split: str = "train"
     prompt_field: str = "question"
     answer_field: str = "answer"  # "" = no reference answers
@@ -193,11 +195,19 @@ _UNIT: Rule = (lambda v: 0 <= v < 1), "in [0, 1)"
 
 _NON_EMPTY: Rule = (lambda v: bool(v.strip())), "a non-empty string"
 
+_DATASET: Rule = (
+    (lambda v: bool(v.strip()) if isinstance(v, str) else bool(v) and all(k.strip() and f.strip() for k, f in v.items())),
+    "a non-empty string (hub id, file or builtin:NAME) or a non-empty table of split names to files",
+)
+
+# NumPy's legacy seeding (np.random.seed) takes [0, 2**32); MLX and Python take more.
+SEED_LIMIT = 2**32
+
 RULES: dict[str, Rule] = {
-    "seed": ((lambda v: 0 <= v < 2**63), "in [0, 2**63)"),
+    "seed": ((lambda v: 0 <= v < SEED_LIMIT), "in [0, 2**32)"),
     "output_dir": _NON_EMPTY,
     "model.path": _NON_EMPTY,
-    "data.dataset": _NON_EMPTY,
+    "data.dataset": _DATASET,
     "data.split": _NON_EMPTY,
     "data.prompt_field": _NON_EMPTY,
     "model.dtype": _one_of("float32", "float16", "bfloat16"),
@@ -313,10 +323,26 @@ def _merge(obj: Any, table: dict[str, Any], prefix: str, source: str) -> None:
         setattr(obj, key, value)
 
 
+def _expected(hint: Any) -> str:
+    origin = typing.get_origin(hint)
+    return {list: "an array", dict: "a table"}.get(origin) or _EXPECTED[hint]
+
+
 def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
     """Return value as type `hint`: int -> float is allowed, nothing else is converted."""
-    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # `X | None`: TOML has no null
-        (hint,) = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+    if typing.get_origin(hint) in (typing.Union, types.UnionType):  # TOML has no null: `X | None` is X
+        members = [arg for arg in typing.get_args(hint) if arg is not type(None)]
+        # `str | dict[str, str]`: the member of the value's TOML type
+        fits = [m for m in members if type(value) is (typing.get_origin(m) or m)
+                or (m is float and type(value) is int)]
+        if not fits:
+            raise _mismatch(source, key, " or ".join(map(_expected, members)), value)
+        hint = fits[0]
+    if typing.get_origin(hint) is dict:
+        if not isinstance(value, dict):
+            raise _mismatch(source, key, "a table", value)
+        _, elem = typing.get_args(hint)
+        return {k: _coerce(v, elem, f"{key}.{k}", source) for k, v in value.items()}
     if typing.get_origin(hint) is list:
         if not isinstance(value, list):
             raise _mismatch(source, key, "an array", value)

@@ -1,8 +1,10 @@
 """Prompts for training: load a data set, map its fields, render chat prompts.
 
-A data set is `builtin:arithmetic`, a local .jsonl/.json/.parquet/.csv file, or a
-Hugging Face hub id (loaded with `datasets`). Each row becomes an `Example` holding the
-tokenized chat prompt and the reference answer the rewards compare against.
+A data set is `builtin:arithmetic`, a Hugging Face hub id (loaded with `datasets`), a local
+.jsonl/.json/.parquet/.csv file, or a table of local files by split name, as `datasets`
+takes `data_files` ({train = "a.jsonl", test = "b.jsonl"}). A single local file is the split
+"train" and nothing else, so held-out data is always a file of its own. Each row becomes an
+`Example` holding the tokenized chat prompt and the reference answer the rewards compare against.
 """
 
 from dataclasses import dataclass
@@ -29,22 +31,32 @@ class Example:
     answer: str | None
 
 
-def load_rows(dataset: str, subset: str = "", split: str = "train", seed: int = 0) -> list[dict]:
-    """The rows of a data set as dicts."""
+def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "train", seed: int = 0,
+              setting: str = "data.split") -> list[dict]:
+    """The rows of one split of a data set, as dicts.
+
+    `dataset` is `builtin:NAME`, a hub id (the hub's splits; `subset` is its config name), a
+    local file, which holds the split "train" and no other, or a table {split: local file}.
+    A split the data set does not have is an error naming `setting`, the key it came from.
+    """
+    if isinstance(dataset, dict):
+        _no_subset(subset, "a table of local files")
+        if split not in dataset:
+            raise DataError(f"{setting}: data.dataset has no split {split!r} (its splits: {', '.join(dataset)})")
+        return _local_rows(dataset[split], f"data.dataset.{split}")
     if dataset.startswith("builtin:"):
+        _no_subset(subset, dataset)
         return _builtin_rows(dataset.removeprefix("builtin:"), split, seed)
     path = Path(dataset).expanduser()
-    suffix = path.suffix.lower()
-    if suffix in _LOCAL_FORMATS or path.exists():
-        if not path.is_file():
-            raise DataError(f"data.dataset: file {dataset!r} does not exist")
-        if suffix not in _LOCAL_FORMATS:
+    if path.suffix.lower() in _LOCAL_FORMATS or path.exists():
+        _no_subset(subset, f"the local file {dataset!r}")
+        if split != "train":
             raise DataError(
-                f"data.dataset: {dataset!r} has an unknown extension; expected one of "
-                + ", ".join(_LOCAL_FORMATS)
+                f"{setting}: {dataset!r} is one file, which is the split 'train' alone, not {split!r}; "
+                f"give data.dataset a file per split, e.g. {{train = \"{dataset}\", {split} = \"other.jsonl\"}}"
             )
-        return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
-    return _load_hf(dataset, subset or None, split, label=dataset)
+        return _local_rows(dataset, "data.dataset")
+    return _load_hf(dataset, subset or None, split, label=dataset, setting=setting)
 
 
 def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:
@@ -57,16 +69,32 @@ def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:
     return make_problems(BUILTIN_SIZES[split], seed=0, split=split)
 
 
-def _load_hf(path, subset, split, data_files=None, label=""):
+def _load_hf(path, subset, split, data_files=None, label="", setting="data.split"):
     import datasets
 
     try:
         ds = datasets.load_dataset(path, subset, split=split, data_files=data_files)
     except ValueError as e:
         if "split" in str(e).lower():
-            raise DataError(f"data.split: {label!r} has no split {split!r} ({e})") from e
+            raise DataError(f"{setting}: {label!r} has no split {split!r} ({e})") from e
         raise DataError(f"data.dataset: cannot load {label!r}: {e}") from e
     return [dict(row) for row in ds]
+
+
+def _no_subset(subset: str, what: str) -> None:
+    if subset:
+        raise DataError(f"data.subset: {what} has no subsets (configs), got {subset!r}; set data.subset = \"\"")
+
+
+def _local_rows(dataset: str, setting: str) -> list[dict]:
+    """All rows of a local .jsonl/.json/.parquet/.csv file."""
+    path = Path(dataset).expanduser()
+    suffix = path.suffix.lower()
+    if not path.is_file():
+        raise DataError(f"{setting}: file {dataset!r} does not exist")
+    if suffix not in _LOCAL_FORMATS:
+        raise DataError(f"{setting}: {dataset!r} has an unknown extension; expected one of " + ", ".join(_LOCAL_FORMATS))
+    return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
 
 
 def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:
@@ -114,20 +142,30 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
     return examples, skipped
 
 
-def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None) -> list[Example]:
-    """Load, map and tokenize a data set; prints how many prompts were too long."""
-    rows = load_rows(cfg.dataset, cfg.subset, split or cfg.split, seed)
+def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None,
+                  setting: str = "data.split") -> list[Example]:
+    """Load, map and tokenize one split (default cfg.split); prints how many prompts were too long.
+
+    `setting` is the key or flag that chose the split, named when the split does not exist.
+    """
+    split = split or cfg.split
+    rows = load_rows(cfg.dataset, cfg.subset, split, seed, setting=setting)
     if not rows:
-        raise DataError(f"data.dataset: {cfg.dataset!r} has no rows")
+        raise DataError(f"data.dataset: split {split!r} of {_label(cfg.dataset, split)!r} has no rows")
     if not has_chat_template(tokenizer):
         print("mlx-grpo: warning: the model's tokenizer has no chat template; prompts use the plain "
               "'User: ...\\nAssistant:' format", file=sys.stderr)
-    examples, skipped = build_examples(rows, tokenizer, cfg, label=cfg.dataset)
+    examples, skipped = build_examples(rows, tokenizer, cfg, label=_label(cfg.dataset, split))
     if skipped:
         print(f"data: skipped {skipped} of {len(rows)} prompts longer than data.max_prompt_tokens={cfg.max_prompt_tokens}")
     if not examples:
         raise DataError(f"data.max_prompt_tokens: all {len(rows)} prompts are longer than {cfg.max_prompt_tokens} tokens")
     return examples
+
+
+def _label(dataset, split: str) -> str:
+    """How messages name the data a split comes from: the file of a table, else the data set."""
+    return dataset[split] if isinstance(dataset, dict) else dataset
 
 
 class PromptStream:

@@ -10,6 +10,7 @@ bookkeeping; the trainer hands it a `draw(n)` that samples and scores n prompts.
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from mlx_grpo.advantages import flat_groups
 from mlx_grpo.rollout import Rollout
 
 
@@ -28,11 +29,13 @@ class ScoredRollout:
 
 
 def groups_with_spread(rewards, group_size: int) -> list[int]:
-    """Indices of the groups (prompt-major, group_size rows each) whose rewards are not all equal."""
+    """Indices of the groups (prompt-major, group_size rows each) whose rewards have spread:
+    not all equal and a std above advantages.ZERO_STD (float noise is no spread)."""
     if group_size < 1 or len(rewards) % group_size:
         raise ValueError(f"{len(rewards)} rewards do not split into groups of {group_size}")
-    groups = [rewards[i:i + group_size] for i in range(0, len(rewards), group_size)]
-    return [g for g, r in enumerate(groups) if max(r) != min(r)]
+    if group_size == 1:
+        return []
+    return [g for g, flat in enumerate(flat_groups(rewards, group_size)) if not flat]
 
 
 def take_groups(batch: ScoredRollout, groups: list[int]) -> ScoredRollout:

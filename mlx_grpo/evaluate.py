@@ -4,7 +4,8 @@ Every configured reward is averaged over greedy completions, under the names tra
 (`reward`, `rewards/<name>/mean`). The task metric follows from the data and the rewards:
 - GSM8K-style references (every answer ends in `#### N`): `accuracy`, the share of greedy
   answers whose number is right (pass@1); with K > 1 samples per prompt also `maj@K` (the
-  most frequent sampled number is right) and `pass@K` (any sampled number is right);
+  most frequent sampled number is right) and `pass@K` (any sampled number is right), the
+  samples drawn at eval.temperature with generation's top_p, top_k and min_p;
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
   greedy completions against the references (rouge-score, stemmed).
 Identical (question, answer) rows are scored once, so a cycled split does not count twice.
@@ -23,27 +24,8 @@ from tqdm import tqdm
 
 from mlx_grpo.data import load_examples
 from mlx_grpo.rewards import extract_predicted_number, extract_reference_number
+from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.rollout import generate_completions, make_rollout_sampler
-
-
-def evaluate_rewards(model, tokenizer, examples, reward_set, *, max_new_tokens: int,
-                     temperature: float = 0.0, num_samples: int = 1, batch_size: int = 0) -> dict:
-    """Mean total reward and mean of each reward function over the examples' completions.
-
-    temperature 0 is greedy decoding (then num_samples > 1 repeats the same answer).
-    """
-    model.eval()
-    rollout = generate_completions(
-        model, tokenizer, [e.prompt_tokens for e in examples],
-        num_generations=num_samples, max_new_tokens=max_new_tokens,
-        sampler=make_rollout_sampler(temperature, 1.0, 0, 0.0), batch_size=batch_size,
-    )
-    questions = [e.question for e in examples for _ in range(num_samples)]
-    answers = [e.answer for e in examples for _ in range(num_samples)]
-    total, per_name = reward_set(questions, rollout.texts, answers)
-    out = {"reward": float(np.mean(total))}
-    out.update({f"rewards/{k}/mean": float(np.mean(v)) for k, v in per_name.items()})
-    return out
 
 
 @dataclass
@@ -51,25 +33,33 @@ class EvalSettings:
     """How one evaluation decodes: `[eval]` with command-line flags applied on top."""
 
     num_samples: int = 1
-    temperature: float = 1.0
+    temperature: float = 1.0  # of the K samples; their truncation is generation's (below)
     max_new_tokens: int = 128
     batch_size: int = 16
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
 
     @classmethod
     def from_config(cls, cfg, **flags) -> "EvalSettings":
-        e = cfg.eval
+        e, gen = cfg.eval, cfg.generation
         values = {
             "num_samples": e.num_samples, "temperature": e.temperature, "batch_size": e.batch_size,
-            "max_new_tokens": e.max_new_tokens or cfg.generation.max_new_tokens,
+            "max_new_tokens": e.max_new_tokens or gen.max_new_tokens,
+            "top_p": gen.top_p, "top_k": gen.top_k, "min_p": gen.min_p,
         }
         values.update({k: v for k, v in flags.items() if v is not None})
         return cls(**values)
 
 
-def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0):
-    """The split's distinct prompts, in order, the first `limit` of them (0 = all)."""
+def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str = "eval.split"):
+    """The split's distinct prompts, in order, the first `limit` of them (0 = all).
+
+    A split the data set does not have stops with one line naming `setting` (the key or flag
+    that chose it) and the splits there are.
+    """
     seen, out = set(), []
-    for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split):
+    for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split, setting=setting):
         if (e.question, e.answer) not in seen:
             seen.add((e.question, e.answer))
             out.append(e)
@@ -133,7 +123,7 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
                                         settings, bar)]
         sampled = None
         if k > 1:
-            sampler = make_rollout_sampler(settings.temperature, 1.0, 0, 0.0)
+            sampler = make_rollout_sampler(settings.temperature, settings.top_p, settings.top_k, settings.min_p)
             sampled = _decode(model, tokenizer, examples, k, sampler, settings, bar)
     questions, answers = [e.question for e in examples], [e.answer for e in examples]
     totals, per_name = reward_set(questions, greedy, answers)
@@ -168,9 +158,9 @@ def format_table(metrics: dict) -> str:
 def make_training_eval(cfg, tokenizer, reward_set):
     """For `[eval] every = N`: a function (model) -> {"eval/<metric>": value}, or None when off.
 
-    The examples are loaded now, so a bad split stops the run before its first step. Greedy
-    decoding draws no random numbers; with K > 1 samples training goes on from a seed drawn
-    before evaluating, so what training samples next does not depend on the eval settings.
+    The examples are loaded now, so a bad split stops the run before its first step. The K
+    samples draw from the random streams, which are put back as they were afterwards: what
+    training samples next does not depend on whether or how it evaluates.
     """
     if not cfg.eval.every:
         return None
@@ -178,10 +168,9 @@ def make_training_eval(cfg, tokenizer, reward_set):
     settings = EvalSettings.from_config(cfg)
 
     def run(model) -> dict:
-        resume = mx.random.randint(0, 2**31 - 1, ()).item() if settings.num_samples > 1 else None
+        streams = capture_rng()
         result = evaluate(model, tokenizer, examples, reward_set, settings, progress=False)
-        if resume is not None:
-            mx.random.seed(resume)
+        restore_rng(streams)
         metrics = {f"eval/{k}": v for k, v in result["metrics"].items()}
         tqdm.write(" | ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
         return metrics
@@ -226,7 +215,7 @@ def main(args) -> dict:
                                         temperature=args.temperature)
     base_dir = Path(args.config).parent if args.config else None
     reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir)
-    examples = load_eval_examples(cfg, tokenizer, split, limit)
+    examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
     mx.random.seed(cfg.seed if args.seed is None else args.seed)
     result = evaluate(model, tokenizer, examples, reward_set, settings)
     result = {"model": args.model or cfg.model.path, "adapter": args.adapter, "split": split,

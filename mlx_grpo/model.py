@@ -143,7 +143,34 @@ def adapters_disabled(model):
         model.update_modules(tree_unflatten(adapters))
 
 
-def count_parameters(params) -> int:
-    from mlx.utils import tree_flatten
+def _checkpointed(call):
+    def __call__(self, *args, **kwargs):
+        def inner(params, *args, **kwargs):
+            self.update(params)
+            return call(self, *args, **kwargs)
 
-    return sum(v.size for _, v in tree_flatten(params))
+        return mx.checkpoint(inner)(self.trainable_parameters(), *args, **kwargs)
+
+    return __call__
+
+
+_CHECKPOINTED: dict[type, type] = {}  # block class -> its checkpointed subclass
+
+
+def checkpoint_layers(model) -> None:
+    """Gradient checkpointing for this model's blocks: the backward pass recomputes each
+    block's activations instead of keeping them.
+
+    mlx-lm's `grad_checkpoint` patches the block class itself, so every later model of that
+    architecture in the process (the next run of a sweep, an eval copy) would be
+    checkpointed too, and each call would wrap the patch again. Here each block of `model`
+    is moved to a subclass of its class with a checkpointed __call__ (one subclass per
+    class, made once); the class and other models are left alone.
+    """
+    for layer in model.layers:
+        cls = type(layer)
+        if cls in _CHECKPOINTED.values():
+            continue
+        if cls not in _CHECKPOINTED:
+            _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": _checkpointed(cls.__call__)})
+        layer.__class__ = _CHECKPOINTED[cls]

@@ -39,7 +39,7 @@ from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step, 
 from mlx_grpo.loss import (
     DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
 )
-from mlx_grpo.model import add_adapters, adapters_disabled, load_base
+from mlx_grpo.model import add_adapters, adapters_disabled, checkpoint_layers, load_base
 from mlx_grpo.overlong import overlong_penalty
 from mlx_grpo.resume import open_run, restore_training_state
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
@@ -119,9 +119,7 @@ def build_policy(cfg):
         if cfg.lora.resume_adapter:
             load_adapter_weights(model, cfg.lora.resume_adapter)
     if cfg.training.grad_checkpoint:
-        from mlx_lm.tuner.trainer import grad_checkpoint
-
-        grad_checkpoint(model.layers[0])
+        checkpoint_layers(model)
     return model, tokenizer, base_path, num_layers
 
 
@@ -270,11 +268,19 @@ def prepare_batches(model, ref_model, rollout, rewards, cfg, world=SINGLE) -> li
 
 
 def run_updates(model, optimizer, batches, grad_fn, cfg, world=SINGLE) -> dict:
-    """num_iterations optimizer updates on prepared micro-batches; returns their metrics."""
+    """num_iterations optimizer updates on prepared micro-batches; returns their metrics.
+
+    The first update is on-policy, its ratio exp(logp - stop_gradient(logp)) exactly 1, as
+    with num_iterations = 1: no parameter has moved yet. The stored old_logp (the sampling
+    policy, scored in eval mode) serves the later updates. Against it, logp scored in train
+    mode would put LoRA dropout's noise into the first ratio and clip tokens before any update.
+    """
     model.train()
     losses, norms = [], []
-    for _ in range(cfg.grpo.num_iterations):
-        loss, grad_norm, loss_metrics = update(model, optimizer, batches, grad_fn, cfg, world)
+    on_policy = [replace(b, old_logp=None) for b in batches]
+    for i in range(cfg.grpo.num_iterations):
+        parts = on_policy if i == 0 else batches
+        loss, grad_norm, loss_metrics = update(model, optimizer, parts, grad_fn, cfg, world)
         lr = optimizer.learning_rate.item()  # the rate this update used
         losses.append(loss)
         norms.append(grad_norm)
@@ -308,7 +314,7 @@ def step_groups(scored: ScoredRollout, cfg, world=SINGLE):
     return take_groups(scored, list(range(used))), step_cfg
 
 
-def rollout_metrics(drawn: ScoredRollout, world=SINGLE) -> dict:
+def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> dict:
     """Reward and length metrics over the rows of every rank (whole groups stay together)."""
     cols = world.gather({
         "length": [len(c) for c in drawn.rollout.completion_tokens],
@@ -318,7 +324,7 @@ def rollout_metrics(drawn: ScoredRollout, world=SINGLE) -> dict:
     lengths, rewards = cols["length"], cols["reward"]
     out = {
         "reward": float(np.mean(rewards)),
-        **group_stats(rewards, drawn.rollout.group_size),
+        **group_stats(rewards, drawn.rollout.group_size, scale_rewards),
         "completions/mean_length": float(np.mean(lengths)),
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
@@ -470,7 +476,7 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
             update_metrics = {}
             tqdm.write(f"step {step}: no group had reward spread in "
                        f"{sampling_metrics['dynamic_sampling/rounds']} rounds; update skipped")
-        rollout_stats = rollout_metrics(drawn, world)
+        rollout_stats = rollout_metrics(drawn, g.scale_rewards, world)
         step_time = world.max(time.perf_counter() - tic)
         metrics = {
             "step": step,

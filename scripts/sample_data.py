@@ -2,10 +2,14 @@
 
     uv run python scripts/sample_data.py SOURCE_DIR [--out data] [--rows 200] [--seed 0]
 
-SOURCE_DIR holds tldr_test.jsonl (Reddit TL;DR test split, CC-BY-4.0) and gsm8k_test.jsonl
-(GSM8K test set, MIT). From each, `--rows` line numbers are drawn with
-random.Random(seed).sample, sorted, and those lines are copied byte for byte (never re-encoded),
-so every shipped row is identical to a source row and the sample is the same on every run.
+SOURCE_DIR holds the four source files named in SAMPLES: GSM8K's train and test sets (MIT)
+and the Reddit TL;DR validation and test splits (CC-BY-4.0). Each source gives one shipped
+file, a training file and a held-out file per task that share no row: the TL;DR training
+sample comes from the validation split (no train split is at hand) and its test sample from
+the test split. From each source, `--rows` line numbers are drawn with
+random.Random(seed).sample, sorted, and those lines are copied byte for byte (never
+re-encoded), so every shipped row is identical to a source row and the sample is the same on
+every run.
 """
 
 import argparse
@@ -13,7 +17,12 @@ import hashlib
 import random
 from pathlib import Path
 
-SAMPLES = {"tldr_test.jsonl": "tldr_sample.jsonl", "gsm8k_test.jsonl": "gsm8k_sample.jsonl"}
+SAMPLES = {  # source file -> shipped file
+    "gsm8k_train.jsonl": "gsm8k_train.jsonl",
+    "gsm8k_test.jsonl": "gsm8k_test.jsonl",
+    "tldr_validation.jsonl": "tldr_train.jsonl",
+    "tldr_test.jsonl": "tldr_test.jsonl",
+}
 
 
 def sample_lines(lines: list[bytes], rows: int, seed: int) -> list[bytes]:

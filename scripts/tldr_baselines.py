@@ -1,6 +1,6 @@
 """Mean reward of reference summaries vs. simple baselines on a TL;DR file, as a table.
 
-    uv run python scripts/tldr_baselines.py [--data data/tldr_sample.jsonl] [--config configs/tldr.toml]
+    uv run python scripts/tldr_baselines.py [--data data/tldr_test.jsonl] [--config configs/tldr.toml]
 
 Candidates for each post: `reference` (its own summary), `lead-3` (the post's first three
 sentences, the classic extractive baseline), `other post` (the next row's summary, the last row
@@ -62,7 +62,7 @@ def format_table(table: dict[str, dict[str, float]]) -> str:
 
 def main(argv=None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--data", type=Path, default=REPO / "data" / "tldr_sample.jsonl")
+    parser.add_argument("--data", type=Path, default=REPO / "data" / "tldr_test.jsonl")
     parser.add_argument("--config", type=Path, default=REPO / "configs" / "tldr.toml",
                         help="profile whose [[rewards]] (built-in names) give the columns and weights")
     args = parser.parse_args(argv)

@@ -41,8 +41,34 @@ def test_bad_inputs():
         group_advantages([1.0, 2.0], 2, scale="global")
 
 
-def test_group_stats():
-    # stds: group 1 sqrt(1/3) = 0.57735, group 2 0 -> mean 0.288675; one flat group of two
-    stats = group_stats([1.0, 0.0, 0.0, 5.0, 5.0, 5.0], 3)
-    assert stats["reward_std"] == pytest.approx(0.288675, rel=1e-5)
-    assert stats["frac_reward_zero_std"] == 0.5
+def test_group_stats_follow_trl():
+    # TRL (GRPOTrainer since 0.29): reward_std is the std of all rewards, whatever the scale.
+    # [1, 0, 0, 5, 5, 5]: mean 16/6 = 8/3; squared deviations (5/3)^2 + 2 (8/3)^2 + 3 (7/3)^2
+    # = (25 + 128 + 147) / 9 = 100/3; / 5 = 20/3 -> std sqrt(20/3) = 2.581989
+    rewards = [1.0, 0.0, 0.0, 5.0, 5.0, 5.0]
+    for scale in ("group", "none", "batch"):
+        assert group_stats(rewards, 3, scale)["reward_std"] == pytest.approx(math.sqrt(20 / 3), rel=1e-6)
+    # frac_reward_zero_std: group/none, the share of groups with zero std (group 1 of 2);
+    # batch, whether the one batch std is zero (TRL's std_rewards is the batch std expanded).
+    assert group_stats(rewards, 3, "group")["frac_reward_zero_std"] == 0.5
+    assert group_stats(rewards, 3, "none")["frac_reward_zero_std"] == 0.5
+    assert group_stats(rewards, 3, "batch")["frac_reward_zero_std"] == 0.0
+    assert group_stats([2.0] * 6, 3, "batch") == {"reward_std": 0.0, "frac_reward_zero_std": 1.0}
+
+
+def test_float_noise_is_no_spread():
+    """0.1 + 0.2 - 0.3 = 5.55e-17, not 0: a group [5.55e-17, 0, 0] has a std of 3.2e-17, which
+    TRL's isclose(std, 0) (tolerance 1e-8) calls zero. Before, only exactly equal rewards
+    counted: that group got advantages of about 3.7e-13, counted as having spread and was
+    kept by dynamic sampling."""
+    from mlx_grpo.dynamic_sampling import groups_with_spread
+
+    noise = 0.1 + 0.2 - 0.3
+    assert noise != 0.0
+    rewards = [noise, 0.0, 0.0, 1.0, 0.0, 0.0]
+    for scale in ("group", "batch", "none"):
+        assert np.array(group_advantages(rewards, 3, scale=scale))[:3].tolist() == [0.0, 0.0, 0.0]
+    assert group_stats(rewards, 3)["frac_reward_zero_std"] == 0.5
+    assert groups_with_spread(rewards, 3) == [1]
+    # a real spread just above the tolerance still counts: std of [3e-8, 0, 0] is 1.7e-8
+    assert group_stats([3e-8, 0.0, 0.0], 3)["frac_reward_zero_std"] == 0.0

@@ -57,11 +57,16 @@ FIELDS = [(k, h) for k, h in _fields() if k != "rewards"]
 SECTIONS = [f.name for f in dataclasses.fields(Config) if dataclasses.is_dataclass(f.type)]
 
 
-def _kind(hint):
-    """`float | None` -> float; other hints as they are."""
+def _members(hint):
+    """`float | None` -> [float]; `str | dict[str, str]` -> [str, dict[str, str]]; else [hint]."""
     if typing.get_origin(hint) in (typing.Union, types.UnionType):
-        (hint,) = [a for a in typing.get_args(hint) if a is not type(None)]
-    return hint
+        return [a for a in typing.get_args(hint) if a is not type(None)]
+    return [hint]
+
+
+def _kind(hint):
+    """The first member of a union (`float | None` -> float); other hints as they are."""
+    return _members(hint)[0]
 
 
 def _nest(dotted: str, value) -> dict:
@@ -72,9 +77,13 @@ def _nest(dotted: str, value) -> dict:
 
 def _wrong_types(dotted, hint):
     """Values of a TOML type this key does not take."""
-    hint = _kind(hint)
-    ok = {int: {"int"}, float: {"int", "float"}, str: {"str"}, bool: {"bool"}}.get(hint, set())
+    members = _members(hint)
+    ok = set().union(*({int: {"int"}, float: {"int", "float"}, str: {"str"}, bool: {"bool"}}.get(m, set())
+                       | ({"table"} if typing.get_origin(m) is dict else set()) for m in members))
     values = [(v, dotted) for kind, v in SAMPLES.items() if kind not in ok]
+    if "table" in ok:  # a table of strings: a wrong value in it is named by its own key
+        values.append(({"a": 1}, f"{dotted}.a"))
+    hint = members[0]
     if typing.get_origin(hint) is list:
         elem = typing.get_args(hint)[0]
         values.append((["a", "b"] if elem is float else [1, 2], f"{dotted}[0]"))
@@ -88,7 +97,8 @@ CANDIDATES = {
     float: [-1.0, -0.5, 0.0, 0.5, 1.0, 1.5, 1e9],
     str: ["", "   ", "nope"],
 }
-LISTS = {"lora.target_modules": [[]], "training.adam_betas": [[], [0.9], [0.9, 1.0], [1.5, 0.2], [0.1, 0.2, 0.3]]}
+LISTS = {"lora.target_modules": [[]], "training.adam_betas": [[], [0.9], [0.9, 1.0], [1.5, 0.2], [0.1, 0.2, 0.3]],
+         "data.dataset": ["", "   ", {}, {"train": ""}, {"": "a.jsonl"}, {"test": " "}]}
 
 
 def _out_of_range(dotted, hint):
@@ -102,7 +112,7 @@ def _out_of_range(dotted, hint):
 
 # Out of range, written out by hand so that a rule missing from RULES is caught too.
 KNOWN_BAD = [
-    ("seed", -1), ("output_dir", ""), ("model.path", " "), ("model.dtype", "float64"), ("model.quantize_bits", 3),
+    ("seed", -1), ("seed", 2**32), ("output_dir", ""), ("model.path", " "), ("model.dtype", "float64"), ("model.quantize_bits", 3),
     ("lora.rank", 0), ("lora.dropout", 1.0), ("lora.target_modules", []), ("data.dataset", ""), ("data.split", ""),
     ("data.prompt_field", ""), ("generation.num_generations", 1), ("generation.temperature", 0.0),
     ("generation.top_p", 0.0), ("grpo.beta", -0.1), ("grpo.loss_type", "ppo"), ("grpo.scale_rewards", "std"),

@@ -85,3 +85,52 @@ def test_prompt_stream_reshuffles_each_epoch_and_resumes():
     resumed = PromptStream(items, shuffle=True, seed=1, position=5)
     assert resumed.take(5) == second
     assert PromptStream(items, shuffle=False, seed=1).take(7) == [0, 1, 2, 3, 4, 0, 1]
+
+
+def test_a_local_file_is_the_train_split_alone(tmp_path):
+    """A single local file used to be loaded whole whatever split was asked, so evaluating on
+    "test" scored the training rows. Now it is the split "train" and no other."""
+    path = _write(tmp_path, "jsonl")
+    assert load_rows(path, split="train") == ROWS
+    with pytest.raises(DataError, match=r"^eval.split: '.*data.jsonl' is one file, which is the split 'train' alone, "
+                                        r"not 'test'; give data.dataset a file per split"):
+        load_rows(path, split="test", setting="eval.split")
+
+
+def test_a_table_of_files_gives_each_split_its_own_rows(tmp_path):
+    train, test = tmp_path / "train", tmp_path / "test"
+    train.mkdir(), test.mkdir()
+    splits = {"train": _write(train, "jsonl"), "test": _write(test, "csv", ROWS[::-1])}
+    assert load_rows(splits, split="train") == ROWS
+    assert load_rows(splits, split="test") == ROWS[::-1]
+    with pytest.raises(DataError, match=r"^--split: data.dataset has no split 'dev' \(its splits: train, test\)$"):
+        load_rows(splits, split="dev", setting="--split")
+    with pytest.raises(DataError, match=r"^data.dataset.test: file '.*nope.jsonl' does not exist$"):
+        load_rows({"train": splits["train"], "test": str(tmp_path / "nope.jsonl")}, split="test")
+
+
+def test_subset_names_a_hub_config_and_is_refused_elsewhere(tmp_path, monkeypatch):
+    """data.subset goes to `datasets` as the config name of a hub data set; a local file, a
+    table of files or a built-in data set has no configs, and setting one is an error, not
+    silence (before, it was ignored)."""
+    import datasets
+
+    calls = []
+    monkeypatch.setattr(datasets, "load_dataset",
+                        lambda path, name=None, split=None, data_files=None: calls.append((path, name, split)) or ROWS)
+    assert load_rows("org/maths", subset="main", split="test") == ROWS
+    assert calls == [("org/maths", "main", "test")]
+    for dataset in (_write(tmp_path, "jsonl"), {"train": _write(tmp_path, "jsonl")}, "builtin:arithmetic"):
+        with pytest.raises(DataError, match=r"^data.subset: .* has no subsets \(configs\), got 'main'"):
+            load_rows(dataset, subset="main")
+
+
+def test_dataset_table_in_the_config(tmp_path):
+    from mlx_grpo.config import ConfigError, load_config
+
+    cfg = load_config(None, ['data.dataset={train = "a.jsonl", test = "b.jsonl"}'])
+    assert cfg.data.dataset == {"train": "a.jsonl", "test": "b.jsonl"}
+    with pytest.raises(ConfigError, match=r"data.dataset.test must be a string, got integer 3"):
+        load_config(None, ["data.dataset={train = 'a.jsonl', test = 3}"])
+    with pytest.raises(ConfigError, match=r"data.dataset must be a non-empty string .* or a non-empty table"):
+        load_config(None, ["data.dataset={}"])

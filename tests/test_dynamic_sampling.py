@@ -74,3 +74,15 @@ def test_fill_groups_stops_after_max_rounds_with_what_it_has():
 ])
 def test_accumulation_parts(groups, k, expected):
     assert accumulation_parts(groups, k) == expected
+
+
+def test_step_metrics_use_the_configured_reward_scale():
+    """The trainer's step metrics pass grpo.scale_rewards to group_stats: with "batch",
+    frac_reward_zero_std says whether the whole step has spread (here it has: 0.0), while
+    "group" counts the flat group [5, 5, 5] (0.5). reward_std is the std of all six either way."""
+    from mlx_grpo.train import rollout_metrics
+
+    drawn = _batch([1.0, 0.0, 0.0, 5.0, 5.0, 5.0])
+    group, batch = rollout_metrics(drawn, "group"), rollout_metrics(drawn, "batch")
+    assert (group["frac_reward_zero_std"], batch["frac_reward_zero_std"]) == (0.5, 0.0)
+    assert group["reward_std"] == batch["reward_std"] == pytest.approx((20 / 3) ** 0.5, rel=1e-6)

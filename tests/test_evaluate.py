@@ -1,14 +1,17 @@
 """eval: task metrics against hand-computed values, the command, and [eval] during training."""
 
 import json
+import re
 from pathlib import Path
 
+import mlx.core as mx
 import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.evaluate import (
-    EvalSettings, evaluate, format_table, is_gsm8k_style, load_eval_examples, number_metrics, rouge_metrics,
+    EvalSettings, evaluate, format_table, is_gsm8k_style, load_eval_examples, make_training_eval, number_metrics,
+    rouge_metrics,
 )
 from mlx_grpo.log import read_metrics
 from mlx_grpo.rewards import RewardSet
@@ -95,26 +98,131 @@ def test_eval_of_the_configured_base_writes_into_the_working_directory(tmp_path,
     assert result["max_new_tokens"] == 32 and "accuracy" in capsys.readouterr().out
 
 
+def test_eval_refuses_a_split_the_data_does_not_have(tmp_path, capsys):
+    """`eval --split no_such_split` used to exit 0 after scoring a local file's training rows;
+    now it is one line naming the flag, the split and the splits there are."""
+    rows = [{"question": f"What is {i} + 1?", "answer": f"#### {i + 1}"} for i in range(3)]
+    files = {}
+    for split in ("train", "test"):
+        files[split] = tmp_path / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps(r) + "\n" for r in rows))
+    single = tmp_path / "single.toml"
+    single.write_text(f'[data]\ndataset = "{files["train"]}"\n')
+    table = tmp_path / "table.toml"
+    table.write_text(f'[data]\ndataset = {{train = "{files["train"]}", test = "{files["test"]}"}}\n')
+    for profile, expected in [
+        (single, r"--split: '.*train.jsonl' is one file, which is the split 'train' alone, not 'no_such_split'"),
+        (table, r"--split: data.dataset has no split 'no_such_split' \(its splits: train, test\)"),
+    ]:
+        assert main(["eval", "--config", str(profile), "--split", "no_such_split"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and re.search(expected, err), err
+    assert main(["eval", "--config", str(single)]) == 2  # eval.split = "test": a single file has none
+    assert "eval.split: " in capsys.readouterr().err
+
+
+def test_eval_split_chooses_the_held_out_rows(tiny, tmp_path):
+    """[eval] split picks the split that evaluation during training scores: 2 test questions
+    or 3 dev questions; a split the data does not have stops before training starts."""
+    from mlx_grpo.data import DataError
+
+    model, tokenizer = tiny
+    files = {}
+    for split, n in (("train", 4), ("test", 2), ("dev", 3)):
+        files[split] = tmp_path / f"{split}.jsonl"
+        files[split].write_text("".join(json.dumps({"question": f"What is {i} + {n}?", "answer": f"#### {i + n}"}) + "\n"
+                                        for i in range(n)))
+    table = "data.dataset={" + ", ".join(f'{k} = "{v}"' for k, v in files.items()) + "}"
+
+    def scored(split):
+        cfg = load_config(SMOKE, [table, "eval.every=1", "eval.max_new_tokens=4", f"eval.split={split}"])
+        return make_training_eval(cfg, tokenizer, RewardSet.from_config(cfg.rewards))
+
+    assert scored("test")(model)["eval/num_prompts"] == 2
+    assert scored("dev")(model)["eval/num_prompts"] == 3
+    with pytest.raises(DataError, match=r"^eval.split: data.dataset has no split 'valid' \(its splits: train, test, dev\)$"):
+        scored("valid")
+
+
 def test_eval_without_config_or_run_is_one_line_error(capsys):
     assert main(["eval", "--model", "builtin:tiny"]) == 2
     assert "give --config FILE" in capsys.readouterr().err
 
 
-def test_eval_during_training_logs_eval_metrics_and_changes_nothing_else(tmp_path):
+@pytest.mark.parametrize("num_samples", [1, 2])
+def test_eval_during_training_logs_eval_metrics_and_changes_nothing_else(tmp_path, num_samples):
+    """Evaluating after every step, greedy or with K = 2 samples, leaves every training metric
+    and completion as without eval. Step 2 follows an evaluation, so this can fail: before,
+    sampled eval reseeded the training stream from a drawn number and step 2 changed."""
     fast = ["training.max_steps=2", "training.prompts_per_step=2", "generation.max_new_tokens=24",
-            "checkpoint.save_every=10", "training.learning_rate=1e-3"]
+            "checkpoint.save_every=10", "training.learning_rate=1e-3", "logging.log_completions=16"]
     runs = []
-    for name, extra in (("plain", []), ("eval", ["eval.every=2", "eval.limit=3"])):
+    for name, extra in (("plain", []), ("eval", ["eval.every=1", "eval.limit=3", f"eval.num_samples={num_samples}"])):
         cfg = load_config(SMOKE, fast + [f'output_dir="{tmp_path / name}"', *extra])
         train(cfg)
-        runs.append(read_metrics(cfg.output_dir))
-    plain, with_eval = runs
-    assert "eval/accuracy" not in with_eval[0]
-    last = with_eval[1]
-    assert last["eval/num_prompts"] == 3 and 0.0 <= last["eval/accuracy"] <= 1.0
-    assert {"eval/reward", "eval/rewards/gsm8k_correctness/mean", "eval/rewards/xml_format/mean"} <= set(last)
+        completions = (Path(cfg.output_dir) / "completions.jsonl").read_text()
+        runs.append((read_metrics(cfg.output_dir), completions))
+    (plain, plain_texts), (with_eval, eval_texts) = runs
+    for row in with_eval:
+        assert row["eval/num_prompts"] == 3 and 0.0 <= row["eval/accuracy"] <= 1.0
+        assert {"eval/reward", "eval/rewards/gsm8k_correctness/mean", "eval/rewards/xml_format/mean"} <= set(row)
+        assert (f"eval/pass@{num_samples}" in row) == (num_samples > 1)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING and not k.startswith("eval/")} for r in rows]
-    assert strip(plain) == strip(with_eval)  # greedy eval draws no random numbers
+    assert strip(plain) == strip(with_eval)
+    assert plain_texts == eval_texts and plain_texts.count("\n") == 2 * 2 * 4  # every completion of both steps
+
+
+def _eval(tiny, *sets, limit=3):
+    """evaluate() with the settings the config gives (EvalSettings.from_config), seed 0."""
+    model, tokenizer = tiny
+    cfg = load_config(SMOKE, ["eval.max_new_tokens=8", *sets])
+    examples = load_eval_examples(cfg, tokenizer, cfg.eval.split, limit)
+    mx.random.seed(0)
+    return evaluate(model, tokenizer, examples, RewardSet.from_config(cfg.rewards),
+                    EvalSettings.from_config(cfg), progress=False)
+
+
+@pytest.mark.parametrize("truncation", ["generation.top_k=1", "generation.top_p=1e-6", "generation.min_p=0.99"])
+def test_sampled_eval_uses_the_generation_truncation(tiny, truncation):
+    """K = 3 samples at eval.temperature = 5: with top_k = 1, top_p near 0 or min_p = 0.99 only
+    the most likely token survives, so every sample is the greedy completion; without, they
+    differ. Before, sampled eval ignored top_p, top_k and min_p."""
+    sets = ["eval.num_samples=3", "eval.temperature=5.0"]
+    truncated = _eval(tiny, *sets, truncation)["samples"]
+    assert all(s["samples"] == [s["completion"]] * 3 for s in truncated)
+    free = _eval(tiny, *sets)["samples"]
+    assert any(s["samples"] != [s["completion"]] * 3 for s in free)
+
+
+def test_eval_temperature_sets_the_spread_of_the_samples(tiny):
+    """eval.temperature: at 1e-4 the K samples are the greedy completion (logits x 10^4), at 5
+    they are not."""
+    cold = _eval(tiny, "eval.num_samples=3", "eval.temperature=1e-4")["samples"]
+    assert all(s["samples"] == [s["completion"]] * 3 for s in cold)
+    hot = _eval(tiny, "eval.num_samples=3", "eval.temperature=5.0")["samples"]
+    assert any(s["samples"] != [s["completion"]] * 3 for s in hot)
+
+
+def test_eval_batch_size_and_max_new_tokens_shape_the_decoding(tiny, monkeypatch):
+    """eval.batch_size: 5 prompts at 2 a time decode as 2 + 2 + 1 (greedy, then the K = 2
+    samples); eval.max_new_tokens caps every completion (0 = generation.max_new_tokens)."""
+    import mlx_grpo.evaluate as evaluate_module
+
+    calls, real = [], evaluate_module.generate_completions
+
+    def recording(model, tokenizer, prompts, **kw):
+        calls.append((len(prompts), kw["num_generations"], kw["max_new_tokens"]))
+        return real(model, tokenizer, prompts, **kw)
+
+    monkeypatch.setattr(evaluate_module, "generate_completions", recording)
+    result = _eval(tiny, "eval.batch_size=2", "eval.num_samples=2", "eval.max_new_tokens=3", limit=5)
+    assert calls == [(2, 1, 3), (2, 1, 3), (1, 1, 3), (2, 2, 3), (2, 2, 3), (1, 2, 3)]
+    assert result["metrics"]["completions/mean_length"] <= 3
+    assert all(len(tiny[1].encode(c, add_special_tokens=False)) <= 3
+               for s in result["samples"] for c in [s["completion"], *s["samples"]])
+    calls.clear()
+    _eval(tiny, "eval.batch_size=5", "eval.max_new_tokens=0", "generation.max_new_tokens=4", limit=5)
+    assert calls == [(5, 1, 4)]
 
 
 def test_eval_config_keys_are_checked():

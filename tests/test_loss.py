@@ -71,6 +71,35 @@ def test_kl_gradient_includes_ratio_correction():
     assert mx.grad(f)(logp).item() == pytest.approx(-0.1, rel=1e-5)
 
 
+def test_gspo_multiplies_the_kl_term_by_the_sequence_ratio():
+    """With beta > 0, GSPO differs from token level even on-policy: the KL term is multiplied
+    by the sequence ratio r = exp(mean_s(logp_s - sg(logp_s))) (TRL: per_token_kl * coef_1 when
+    use_bias_correction_kl is on), whose gradient is 1/T at every token.
+    logp = [-2, -1], ref = [-1, -1], A = 0, beta = 0.1, bnpo over T = 2 tokens:
+    delta = ref - logp = [1, 0]; KL = [e - 2, 0]; dKL/dlogp = 1 - e^delta = [1 - e, 0];
+    value (both levels, r = 1): 0.1 (e - 2) / 2.
+    token:    dL/dlogp_t = 0.05 (dKL_t + KL_t)            = 0.05 [(1 - e) + (e - 2), 0] = [-0.05, 0]
+    sequence: dL/dlogp_t = 0.05 (dKL_t + (KL_1 + KL_2) / 2) = 0.05 [1 - e + (e - 2) / 2, (e - 2) / 2]
+                                                          = [-0.025 e, 0.025 (e - 2)]
+    The README said GSPO only differs when num_iterations > 1."""
+    from pathlib import Path
+
+    logp, ref, mask = mx.array([[-2.0, -1.0]]), mx.array([[-1.0, -1.0]]), mx.ones((1, 2))
+
+    def loss(lp, level):
+        return grpo_loss(lp, None, ref, mx.array([0.0]), mask, loss_type="bnpo", importance_sampling_level=level,
+                         **{**KW, "beta": 0.1})[0]
+
+    for level in ("token", "sequence"):
+        assert loss(logp, level).item() == pytest.approx(0.1 * (math.e - 2) / 2, rel=1e-6)
+    np.testing.assert_allclose(_np(mx.grad(lambda lp: loss(lp, "token"))(logp)), [[-0.05, 0.0]], atol=1e-6)
+    np.testing.assert_allclose(_np(mx.grad(lambda lp: loss(lp, "sequence"))(logp)),
+                               [[-0.025 * math.e, 0.025 * (math.e - 2)]], rtol=1e-5)
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    gspo = readme[readme.index("**GSPO"):].split("\n\n", 1)[0]
+    assert "only differs" not in gspo and "with `beta > 0` the KL term still differs on-policy" in gspo
+
+
 @pytest.mark.parametrize("loss_type", ["grpo", "bnpo", "dr_grpo", "dapo"])
 def test_padding_does_not_change_loss(loss_type):
     logp = mx.array([[-1.0, -2.0], [-0.5, -0.1]])

@@ -3,6 +3,7 @@
 import json
 import os
 import random as pyrandom
+import re
 import signal
 import subprocess
 import sys
@@ -204,6 +205,21 @@ def test_overwrite_removes_only_the_run_files(tmp_path):
     _fake_run(out, cfg)
     assert open_run(cfg, overwrite=True) is None
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
+
+
+def test_readme_names_exactly_what_overwrite_deletes():
+    """The README's --overwrite paragraph lists RUN_FILES, no more and no fewer (it named three
+    files while four are deleted: completions.jsonl was missing)."""
+    from pathlib import Path
+
+    from mlx_grpo.resume import RUN_FILES
+
+    readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
+    paragraph = readme[readme.index("- An `output_dir` holding a run"):].split("\n- ", 1)[0]
+    held = re.search(r"holding a run \((.*?)\)", paragraph, re.S)[1]  # what makes a folder a run
+    named = re.findall(r"`([\w.]+)/?`", held)
+    assert named == list(RUN_FILES)
+    assert f"deletes only\n  those {['', '', '', 'three', 'four'][len(RUN_FILES)]}" in paragraph
 
 
 def test_resume_without_a_checkpoint_starts_fresh(tmp_path, capsys):

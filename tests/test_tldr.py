@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.data import load_examples
+from mlx_grpo.data import load_examples, load_rows
 from mlx_grpo.rewards import REWARDS, RewardSet, extract_reference_number, gsm8k_correctness
 
 REPO = Path(__file__).parent.parent
@@ -28,9 +28,13 @@ def _load_script(name):
 baselines = _load_script("tldr_baselines")
 
 
+SPLITS = {"train": str(DATA / "tldr_train.jsonl"), "test": str(DATA / "tldr_test.jsonl")}
+TLDR = "data.dataset={" + ", ".join(f'{k} = "{v}"' for k, v in SPLITS.items()) + "}"
+
+
 @pytest.fixture(scope="module")
 def rows():
-    return baselines.load_rows(DATA / "tldr_sample.jsonl")
+    return baselines.load_rows(DATA / "tldr_test.jsonl")
 
 
 @pytest.fixture(scope="module")
@@ -54,7 +58,7 @@ def mean(xs):
 def test_sources_lists_every_shipped_file_with_its_sha1_and_rows():
     sources = (DATA / "SOURCES.md").read_text()
     shipped = sorted(DATA.glob("*.jsonl"))
-    assert {"gsm8k_sample.jsonl", "tldr_sample.jsonl"} <= {p.name for p in shipped}
+    assert {p.name for p in shipped} == {"gsm8k_train.jsonl", "gsm8k_test.jsonl", "tldr_train.jsonl", "tldr_test.jsonl"}
     for path in shipped:  # every data file shipped, with its row count, size and checksum
         row = re.search(rf"\| {path.name} \| (\d+) \| ([\d,]+) \| ([0-9a-f]{{40}}) \|", sources)
         assert row, f"{path.name} has no row in data/SOURCES.md"
@@ -74,11 +78,33 @@ def test_sampling_is_seeded_and_keeps_source_order():
     assert [int(x) for x in picked] == sorted(int(x) for x in picked) and len(set(picked)) == 10
 
 
-def test_tldr_rows_are_complete_text(rows):
-    assert len(rows) == 200
-    for row in rows:
-        assert set(row) == {"post", "summary", "title", "subreddit"}
-        assert all(isinstance(v, str) and v == v.strip() and v for v in row.values())
+def test_tldr_rows_are_complete_text():
+    for split, path in SPLITS.items():
+        rows = baselines.load_rows(Path(path))
+        assert len(rows) == 200, split
+        for row in rows:
+            assert set(row) == {"post", "summary", "title", "subreddit"}
+            assert all(isinstance(v, str) and v == v.strip() and v for v in row.values())
+
+
+@pytest.mark.parametrize("task, field", [("tldr", "post"), ("tldr", "title"), ("gsm8k", "question")])
+def test_shipped_train_and_test_files_share_no_row(task, field):
+    """The held-out file of each task holds no post, title or question of its training file
+    (before, one TL;DR file served both, and a run was scored on the posts it trained on)."""
+    train, test = ({json.loads(line)[field] for line in (DATA / f"{task}_{split}.jsonl").read_text().splitlines()}
+                   for split in ("train", "test"))
+    assert len(train) == len(test) == 200 and not train & test
+
+
+def test_training_posts_give_the_baseline_order_of_the_profile_header(table):
+    """The profile's weights were read off the test posts; the training posts rank the
+    candidates the same way, each mean within 0.04 (as the profile's header says)."""
+    train = baselines.score_table(baselines.load_rows(DATA / "tldr_train.jsonl"),
+                                  {r.name: r.weight for r in load_config(PROFILE).rewards})
+    for total in ("total", "total (no ref)"):
+        assert sorted(train, key=lambda cand: -train[cand][total]) == ["reference", "lead-3", "other post", "whole post"]
+    for cand, means in train.items():
+        assert means == pytest.approx(table[cand], abs=0.04), cand
 
 
 def test_reference_far_above_another_posts_summary(scores):
@@ -121,7 +147,7 @@ def test_profile_header_table_matches_the_script(table):
 
 def test_script_prints_the_table(tmp_path, capsys):
     data = tmp_path / "few.jsonl"
-    data.write_text("".join(json.dumps(r) + "\n" for r in baselines.load_rows(DATA / "tldr_sample.jsonl")[:5]))
+    data.write_text("".join(json.dumps(r) + "\n" for r in baselines.load_rows(DATA / "tldr_test.jsonl")[:5]))
     baselines.main(["--data", str(data), "--config", str(PROFILE)])
     out = capsys.readouterr().out.splitlines()
     assert out[1] == ("| candidate | rouge_l | length_band | coverage | faithfulness | no_copy | total "
@@ -138,13 +164,14 @@ def test_script_rejects_rows_without_summary(tmp_path):
         baselines.load_rows(data)
 
 
-def test_profile_reads_the_shipped_sample(tiny):
-    cfg = load_config(PROFILE, [f"data.dataset={DATA / 'tldr_sample.jsonl'}"])
-    examples = load_examples(cfg.data, tiny[1])
-    rows = baselines.load_rows(DATA / "tldr_sample.jsonl")
-    assert len(examples) == 200  # max_prompt_tokens = 2048 keeps every post
-    assert [e.question for e in examples] == [r["post"] for r in rows]
-    assert [e.answer for e in examples] == [r["summary"] for r in rows]
+def test_profile_reads_the_shipped_splits(tiny):
+    cfg = load_config(PROFILE, [TLDR])
+    for split in ("train", "test"):
+        examples = load_examples(cfg.data, tiny[1], split=split)
+        rows = baselines.load_rows(DATA / f"tldr_{split}.jsonl")
+        assert len(examples) == 200  # max_prompt_tokens = 2048 keeps every post
+        assert [e.question for e in examples] == [r["post"] for r in rows]
+        assert [e.answer for e in examples] == [r["summary"] for r in rows]
     assert cfg.data.system_prompt in examples[0].prompt and "TL;DR" in cfg.data.system_prompt
     reward_set = RewardSet.from_config(cfg.rewards)
     total, per_name = reward_set([e.question for e in examples[:4]], [e.answer for e in examples[:4]],
@@ -154,22 +181,43 @@ def test_profile_reads_the_shipped_sample(tiny):
 
 
 def test_reference_free_override_gives_no_answers(tiny):
-    cfg = load_config(PROFILE, [f"data.dataset={DATA / 'tldr_sample.jsonl'}", "data.answer_field="])
+    cfg = load_config(PROFILE, [TLDR, "data.answer_field="])
     examples = load_examples(cfg.data, tiny[1])
     assert {e.answer for e in examples} == {None}
     posts = [e.question for e in examples[:3]]
     assert REWARDS["rouge_l"](posts, ["a summary"] * 3, [None] * 3) == [0.0] * 3  # a constant
 
 
-def test_gsm8k_sample_answers_all_parse_and_match(tiny):
-    cfg = load_config(None, [f"data.dataset={DATA / 'gsm8k_sample.jsonl'}"])
+@pytest.mark.parametrize("split", ["train", "test"])
+def test_gsm8k_answers_all_parse_and_match(tiny, split):
+    cfg = load_config(None, [f'data.dataset={{{split} = "{DATA / f"gsm8k_{split}.jsonl"}"}}', f"data.split={split}",
+                             "data.max_prompt_tokens=4096"])  # every question, whatever the tokenizer
     examples = load_examples(cfg.data, tiny[1])
     assert len(examples) == 200
     numbers = [extract_reference_number(e.answer) for e in examples]
     assert None not in numbers
     completions = [f"<reasoning>\n...\n</reasoning>\n<answer>\n{n}\n</answer>" for n in numbers]
     assert gsm8k_correctness([e.question for e in examples], completions, [e.answer for e in examples]) == [1.0] * 200
-    assert json.loads((DATA / "gsm8k_sample.jsonl").read_text().splitlines()[0])["answer"].count("####") == 1
+    assert all(json.loads(line)["answer"].count("####") == 1
+               for line in (DATA / f"gsm8k_{split}.jsonl").read_text().splitlines())
+
+
+def test_readme_offline_flows_train_and_evaluate_on_different_rows():
+    """Each `--set 'data.dataset={...}'` of the README, with its profile: training reads the
+    train file, eval (eval.split = "test") the test file, and no prompt is in both."""
+    import shlex
+
+    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
+    flows = [shlex.split(line) for line in readme.splitlines() if "data.dataset={train=" in line]
+    assert {next(w for w in f if w.endswith(".toml")) for f in flows} == {"configs/default.toml", "configs/tldr.toml"}
+    for words in flows:
+        profile = REPO / next(w for w in words if w.endswith(".toml"))
+        sets = [words[i + 1] for i, w in enumerate(words) if w == "--set"]
+        cfg = load_config(profile, sets)
+        d = cfg.data
+        train = {r[d.prompt_field] for r in load_rows(d.dataset, d.subset, d.split)}
+        test = {r[d.prompt_field] for r in load_rows(d.dataset, d.subset, cfg.eval.split)}
+        assert len(train) == len(test) == 200 and not train & test, profile.name
 
 
 @pytest.mark.slow  # ~25 s on a loaded 2-core machine, most of it imports and data loading

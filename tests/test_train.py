@@ -72,3 +72,44 @@ def test_same_seed_gives_identical_runs(tmp_path):
         train(cfg)
         runs.append([{k: v for k, v in r.items() if k not in TIMING} for r in read_metrics(cfg.output_dir)])
     assert runs[0] == runs[1]
+
+
+def test_the_largest_seed_trains_and_the_next_is_refused_in_one_line(tmp_path, capsys):
+    """`seed` and the commands' --seed take [0, 2**32), the range NumPy seeds: 2**32 - 1 trains
+    a step end to end, 2**32 stops at load time. Before, the config took [0, 2**63) and
+    np.random.seed failed with a traceback at 2**32."""
+    from mlx_grpo.cli import main
+    from mlx_grpo.config import ConfigError
+
+    cfg = _cfg(tmp_path, "training.max_steps=1", f"seed={2**32 - 1}")
+    train(cfg)
+    (row,) = read_metrics(cfg.output_dir)
+    assert np.isfinite(row["loss"])
+    with pytest.raises(ConfigError, match=r"^--set seed=4294967296: seed must be in \[0, 2\*\*32\), got 4294967296$"):
+        _cfg(tmp_path, f"seed={2**32}")
+    with pytest.raises(SystemExit) as exit_:
+        main(["eval", "--config", SMOKE, "--seed", str(2**32)])
+    assert exit_.value.code == 2 and "must be in [0, 2**32), got 4294967296" in capsys.readouterr().err
+
+
+def test_step_one_completions_do_not_depend_on_beta_reference_or_eval(tmp_path):
+    """The same seed samples the same step-1 completions whether beta is 0 (no reference) or
+    0.04 (a frozen copy loaded), under LoRA (the reference is the base without adapters,
+    whose zero-initialised B leaves the policy's outputs unchanged), and with sampled eval
+    every step. Before 8d0a385, loading the reference drew random numbers (layer init) after
+    seeding, so a beta sweep's runs sampled different completions from step 1."""
+    variants = {
+        "beta0": ["grpo.beta=0"],
+        "beta": ["grpo.beta=0.04"],
+        "lora": ["grpo.beta=0.04", "lora.enabled=true", "lora.rank=4"],
+        "eval": ["grpo.beta=0", "eval.every=1", "eval.limit=2", "eval.num_samples=2", "eval.temperature=0.7"],
+    }
+    texts = {}
+    for name, extra in variants.items():
+        cfg = _cfg(tmp_path / name, "training.max_steps=1", "checkpoint.save_every=10", "logging.log_completions=8",
+                   *extra)
+        train(cfg)
+        rows = [json.loads(line) for line in (tmp_path / name / "run" / "completions.jsonl").read_text().splitlines()]
+        assert len(rows) == 8  # every completion of the step: 2 prompts x G = 4
+        texts[name] = [(r["prompt"], r["completion"], r["reward"]) for r in rows]
+    assert len({tuple(t) for t in texts.values()}) == 1, {k: v[0] for k, v in texts.items()}

@@ -10,7 +10,8 @@ from mlx_grpo.compiled_step import make_grad_fn
 from mlx_grpo.config import load_config
 from mlx_grpo.loss import LOSS_TYPES
 from mlx_grpo.rollout import Rollout
-from mlx_grpo.train import make_loss_fn, prepare_batches, update
+from mlx_grpo.model import checkpoint_layers
+from mlx_grpo.train import build_policy, make_loss_fn, prepare_batches, update
 
 
 def _rollout():
@@ -32,11 +33,11 @@ def _cfg(loss_type, *extra):
     ])
 
 
-def _applied_grads(model, cfg, compiled):
+def _applied_grads(model, cfg, compiled, rollout=None, rewards=(1.0, 0.0, 0.5, 0.0, 1.0, 1.0)):
     """The gradient `update` applies: an SGD step of rate 1 moves each parameter by -grad."""
     before = {k: mx.array(v) for k, v in tree_flatten(model.trainable_parameters())}
-    rewards = [1.0, 0.0, 0.5, 0.0, 1.0, 1.0]
-    batches = prepare_batches(model, model, _rollout(), rewards, cfg)
+    rewards = list(rewards)
+    batches = prepare_batches(model, model, rollout or _rollout(), rewards, cfg)
     grad_fn = make_grad_fn(model, make_loss_fn(cfg), compiled=compiled)
     loss, _, _ = update(model, optim.SGD(learning_rate=1.0), batches, grad_fn, cfg)
     after = dict(tree_flatten(model.trainable_parameters()))
@@ -103,16 +104,80 @@ def test_compiled_step_reads_new_scalars_and_weights(random_qwen2):
 
 
 def test_grad_checkpoint_gives_the_same_gradients(random_qwen2):
-    from mlx_lm.tuner.trainer import grad_checkpoint
-
     cfg = _cfg("grpo", "training.max_grad_norm=0")
     plain = _applied_grads(random_qwen2, cfg, compiled=False)
-    block = type(random_qwen2.layers[0])
-    original = block.__call__
-    grad_checkpoint(random_qwen2.layers[0])  # patches the block class, for every instance
-    try:
-        assert block.__call__ is not original
-        _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=False))
-        _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=True))
-    finally:
-        block.__call__ = original
+    checkpoint_layers(random_qwen2)
+    assert all(type(layer).__name__.startswith("Checkpointed") for layer in random_qwen2.layers)
+    _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=False))
+    _assert_same(plain, _applied_grads(random_qwen2, cfg, compiled=True))
+
+
+def test_grad_checkpoint_is_scoped_to_the_model_being_trained(monkeypatch):
+    """training.grad_checkpoint checkpoints the policy's blocks once each, and no other model:
+    not a model built afterwards in the same process, and a second checkpointed build does not
+    wrap twice. Before, build_policy patched the block class (mlx-lm's grad_checkpoint), so a
+    later plain model was checkpointed too and every build added a nested wrapper."""
+    plain, ckpt = load_config(None), load_config(None, ["training.grad_checkpoint=true"])
+    first = build_policy(plain)[0]
+    block, call = type(first.layers[0]), type(first.layers[0]).__call__
+    build_policy(ckpt)
+    twice = build_policy(ckpt)[0]
+    after = build_policy(plain)[0]
+    assert block.__call__ is call and type(after.layers[0]) is block is type(first.layers[0])
+
+    calls = []
+    checkpoint = mx.checkpoint
+    monkeypatch.setattr(mx, "checkpoint", lambda fn: calls.append(fn) or checkpoint(fn))
+    tokens = mx.array([[1, 2, 3, 4]])
+    mx.eval(after(tokens), first(tokens))
+    assert calls == []
+    mx.eval(twice(tokens))
+    assert len(calls) == len(twice.layers)  # one checkpoint per block, not nested
+
+
+def test_first_of_several_updates_has_ratio_one_under_lora_dropout(random_qwen2):
+    """num_iterations = 2 with LoRA dropout 0.5: the first update's ratio is exactly 1 (no
+    parameter has moved), so nothing is clipped even at epsilon = 1e-3, and grpo's loss is
+    mean(-A) = 0 (advantages sum to 0 per group). Before, old_logp came from the eval-mode
+    (dropout-free) pass while logp was computed with dropout, so the first update already
+    clipped tokens; the second update, against the stored old_logp, still does here."""
+    from mlx_grpo.config import LoraConfig
+    from mlx_grpo.model import add_adapters
+    from mlx_grpo.train import run_updates
+
+    model = random_qwen2
+    add_adapters(model, LoraConfig(rank=4, dropout=0.5))
+    mx.random.seed(1)
+    model.update(tree_unflatten([(k, 0.2 * mx.random.normal(v.shape)) for k, v in
+                                 tree_flatten(model.trainable_parameters()) if k.endswith("lora_b")]))
+    cfg = _cfg("grpo", "grpo.beta=0", "grpo.num_iterations=2", "grpo.epsilon=1e-3")
+    model.eval()  # as the rollout leaves it: old_logp is the sampling policy's, without dropout
+    batches = prepare_batches(model, None, _rollout(), [1.0, 0.0, 0.5, 0.0, 1.0, 1.0], cfg)
+    inner, seen = make_grad_fn(model, make_loss_fn(cfg), compiled=False), []
+
+    def grad_fn(batch):
+        (loss, metrics), grads = inner(batch)
+        seen.append((loss.item(), metrics["clip_ratio/region_mean"].item()))
+        return (loss, metrics), grads
+
+    run_updates(model, optim.SGD(learning_rate=1e-3), batches, grad_fn, cfg)
+    (first_loss, first_clip), (_, second_clip) = seen
+    assert first_clip == 0.0 and abs(first_loss) < 1e-6
+    assert second_clip > 0.0
+
+
+def test_mask_truncated_completions_leaves_truncated_rows_out_of_the_loss(random_qwen2):
+    """Row 2 of the rollout hit max_new_tokens. With grpo.mask_truncated_completions its tokens
+    carry no loss: other tokens in their place leave the gradient as it was. Without the key
+    they change it. (On-policy with the policy as reference the loss value is 0 either way.)"""
+    other = _rollout()
+    other.completion_tokens[2] = [(t + 7) % 63 + 1 for t in other.completion_tokens[2]]  # same length
+    rewards = [1.0, 0.0, 0.0, 0.0, 1.0, 1.0]  # row 2's advantage is -1/3 / std, not 0
+    for masked in (True, False):
+        cfg = _cfg("grpo", "training.max_grad_norm=0", f"grpo.mask_truncated_completions={str(masked).lower()}")
+        a = _applied_grads(random_qwen2, cfg, compiled=False, rewards=rewards)
+        b = _applied_grads(random_qwen2, cfg, compiled=False, rollout=other, rewards=rewards)
+        if masked:
+            _assert_same(a, b, rtol=1e-6, atol=1e-9)
+        else:
+            assert any(not mx.allclose(a[1][k], b[1][k], rtol=1e-4, atol=1e-6).item() for k in a[1])

@@ -8,7 +8,7 @@ For completion i and token t, with ratio r and advantage A_i:
     r[i]   = exp(sum_t m (logp - old_logp) / sum_t m)                 (sequence level, GSPO)
 
 The factor r on the KL term is the importance-sampling correction of the KL estimate
-(DeepSeek-V3.2; TRL's use_bias_correction_kl, off by default there, always on here): 1 in
+(DeepSeek-V3.2; TRL's use_bias_correction_kl, on by default in TRL 1.16, always on here): 1 in
 value on-policy, it only changes the gradient. Under GSPO it is the sequence ratio r[i], so
 each token's KL reaches the gradient of every token of its completion, as in TRL
 (per_token_kl * coef_1, coef_1 of shape (B, 1)). keep is 1, or with top_entropy_quantile = rho < 1 the mask of the

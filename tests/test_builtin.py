@@ -225,9 +225,9 @@ def test_tiny_is_partly_right_on_held_out_questions(tiny, temperature):
 
 
 def test_tiny_mixes_styles_and_steps_are_more_often_right(tiny):
-    # What GRPO has to work with: at temperature 1 the warm-started model writes a held-out
-    # two-step question either as worked steps or as one line, and the steps are right more
-    # often (0.41 against 0.29 here; 0.49 against 0.25 with seed 1).
+    # What GRPO has to work with: at temperature 1 the shipped model writes a held-out
+    # two-step question either as worked steps or as one line (0.48 of them as steps), and the
+    # steps are right more often (0.47 against 0.31; seed 0 on this CPU backend).
     model, tokenizer = tiny
     rows = [r for r in arithmetic.make_problems(325, seed=0, split="test") if r["answer"].count("\n") == 2][:128]
     mx.random.seed(0)
@@ -242,3 +242,26 @@ def test_tiny_mixes_styles_and_steps_are_more_often_right(tiny):
     print(f"stepwise share {share:.2f}, right: stepwise {right[True]:.2f}, one line {right[False]:.2f}")
     assert 0.25 < share < 0.75, share
     assert right[True] > right[False] + 0.05, right
+
+
+def test_the_recipe_rebuilds_the_shipped_tokenizer_and_a_loadable_model(tmp_path):
+    # The warm start's weights depend on the machine's float rounding; the tokenizer does not.
+    from mlx_grpo import tiny_recipe
+
+    short = {**tiny_recipe.WARM_START, "steps": 3, "warmup": 1}
+    tiny_recipe.build(tmp_path, short)
+    shipped = builtin_models.SHIPPED / "tiny"
+    for name in ("tokenizer.json", "tokenizer_config.json", "config.json"):
+        assert (tmp_path / name).read_text() == (shipped / name).read_text(), name
+    model, tokenizer = load(str(tmp_path))
+    assert tokenizer.eos_token == "<|im_end|>"
+    assert sum(p.size for _, p in tree_flatten(model.parameters())) == sum(
+        p.size for _, p in tree_flatten(load(str(shipped))[0].parameters()))
+
+
+def test_worked_steps_are_likelier_for_larger_first_operands():
+    from mlx_grpo.tiny_recipe import stepwise_probability
+
+    assert stepwise_probability("What is 0 + 3 - 1?", 0.1, 0.9) == pytest.approx(0.1)
+    assert stepwise_probability("What is 9 - 3 + 1?", 0.1, 0.9) == pytest.approx(0.9)
+    assert stepwise_probability("What is 3 + 3?", 0.1, 0.9) == pytest.approx(0.1 + 0.8 * 3 / 9)

@@ -1,6 +1,6 @@
 """Does the smoke run learn on every float path? The table the README quotes.
 
-    uv run python scripts/learning_table.py                       # 5 seeds x 3 float paths
+    uv run python scripts/learning_table.py                       # 5 seeds x 4 float paths
     uv run python scripts/learning_table.py --seeds 0 --paths openblas
 
 For each seed and float path: `mlx-grpo train --config configs/smoke_test.toml` (seed and
@@ -8,7 +8,10 @@ output folder changed), then `mlx-grpo eval` of the base and of the trained run 
 held-out questions (greedy). A float path is a way MLX's CPU backend does its matmuls, which
 changes every rounding and so every sampled token after a while, as Metal would:
 `openblas` (OpenBLAS preloaded, its default threads), `openblas1` (OPENBLAS_NUM_THREADS=1),
-`reference` (mlx's own reference BLAS, nothing preloaded; Linux only).
+`haswell` (OpenBLAS with its AVX2 kernels, OPENBLAS_CORETYPE=Haswell, on a CPU that would pick
+AVX-512 ones), `reference` (mlx's own reference BLAS, nothing preloaded; Linux only). On small
+matrices OpenBLAS may run one thread whatever it is told, so `openblas1` can equal `openblas`
+bit for bit; the table shows it when it does.
 """
 
 import argparse
@@ -29,10 +32,12 @@ OPENBLAS = "/usr/lib/x86_64-linux-gnu/libopenblas.so.0"
 
 def _env(path: str) -> dict:
     env = {k: v for k, v in os.environ.items() if k not in ("LD_PRELOAD", "OPENBLAS_NUM_THREADS")}
-    if path in ("openblas", "openblas1"):
+    if path != "reference":
         env["LD_PRELOAD"] = OPENBLAS
     if path == "openblas1":
         env["OPENBLAS_NUM_THREADS"] = "1"
+    if path == "haswell":
+        env["OPENBLAS_CORETYPE"] = "Haswell"
     return env
 
 
@@ -85,8 +90,8 @@ def table(cells: list[dict]) -> str:
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2, 3, 4])
-    parser.add_argument("--paths", nargs="+", default=["openblas", "openblas1", "reference"],
-                        choices=["openblas", "openblas1", "reference"])
+    parser.add_argument("--paths", nargs="+", default=["openblas", "openblas1", "haswell", "reference"],
+                        choices=["openblas", "openblas1", "haswell", "reference"])
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once")
     parser.add_argument("--json", help="write every cell to this file")
     args = parser.parse_args(argv)

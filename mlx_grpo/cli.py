@@ -256,11 +256,11 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
-    from mlx_grpo.errors import USER_ERRORS
+    from mlx_grpo.errors import UserError
 
     try:
         code = runners[args.command](args)
-    except USER_ERRORS as e:
+    except (UserError, OSError) as e:  # OSError: a full disk or a missing permission; it names the file
         print(f"mlx-grpo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -23,10 +23,11 @@ from typing import Any
 
 import tomli_w
 
+from mlx_grpo.errors import UserError
 from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
 
 
-class ConfigError(ValueError):
+class ConfigError(UserError, ValueError):
     """A bad profile or override. The message is always one line."""
 
     def __init__(self, message: str):

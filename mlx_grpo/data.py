@@ -12,6 +12,8 @@ from pathlib import Path
 import random
 import sys
 
+from mlx_grpo.errors import UserError
+
 # The whole training pool once, and 200 of the 325 held-out questions. The rows never depend on
 # the run's seed, which orders the training prompts (PromptStream), so every seed is scored on
 # the same held-out questions.
@@ -19,7 +21,7 @@ BUILTIN_SIZES = {"train": 995, "test": 200}
 _LOCAL_FORMATS = {".jsonl": "json", ".json": "json", ".parquet": "parquet", ".csv": "csv"}
 
 
-class DataError(ValueError):
+class DataError(UserError, ValueError):
     """A data set that cannot be used as configured; the message names the row or field."""
 
 

@@ -13,6 +13,7 @@ import math
 import os
 from pathlib import Path
 
+from mlx_grpo.errors import UserError
 from mlx_grpo.log import read_jsonl
 
 # The panels, in order; a metric no run logged gets no panel. Reward functions and eval
@@ -38,7 +39,7 @@ COLUMNS = 3
 MAX_SAMPLE_STEPS = 50  # steps of sample completions shown per run on the HTML page
 
 
-class ReportError(ValueError):
+class ReportError(UserError, ValueError):
     """A run folder or output path the report cannot use; the message names it."""
 
 

@@ -22,12 +22,13 @@ from collections.abc import Callable, Mapping
 from decimal import Decimal
 from pathlib import Path
 
+from mlx_grpo.errors import UserError
 from mlx_grpo.summary_rewards import coverage, faithfulness, length_band, no_copy
 
 RewardFn = Callable[..., list[float]]
 
 
-class RewardError(ValueError):
+class RewardError(UserError, ValueError):
     """A reward that cannot be resolved, raised, or returned an unusable score."""
 
 

@@ -24,7 +24,7 @@ from typing import Any
 import tomli_w
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 
 
 class ConfigError(UserError, ValueError):

@@ -24,9 +24,9 @@ from mlx.nn.utils import average_gradients
 from mlx.utils import tree_flatten, tree_map
 import numpy as np
 
-from mlx_grpo.checkpoint import checkpoint_dir
+from mlx_grpo.run.checkpoint import checkpoint_dir
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.resume import ResumePoint
+from mlx_grpo.run.resume import ResumePoint
 
 
 @dataclass(frozen=True)

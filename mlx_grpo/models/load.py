@@ -20,7 +20,7 @@ from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
-from mlx_grpo.builtin_models import builtin_model_path, cache_dir
+from mlx_grpo.models.builtin import builtin_model_path, cache_dir
 from mlx_grpo.errors import ModelError
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}

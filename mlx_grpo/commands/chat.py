@@ -13,7 +13,7 @@ import sys
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import common_prefix_len
 
-from mlx_grpo.generate import print_piece, render_messages, stream_answer
+from mlx_grpo.commands.generate import print_piece, render_messages, stream_answer
 
 HELP = "commands: /reset (new conversation), /system TEXT, /quit; Ctrl-C stops an answer, Ctrl-D exits"
 
@@ -108,8 +108,8 @@ def chat_loop(session: ChatSession, read: Callable[[str], str] = input, out=None
 def main(args):
     import mlx.core as mx
 
-    from mlx_grpo.model_spec import load_model
-    from mlx_grpo.rollout import make_rollout_sampler
+    from mlx_grpo.models.named import load_model
+    from mlx_grpo.rollout.sample import make_rollout_sampler
 
     loaded = load_model(args.model, args.adapter)
     mx.random.seed(args.seed)

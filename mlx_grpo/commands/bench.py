@@ -28,15 +28,15 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_grpo.compiled_step import make_grad_fn
+from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.config import ConfigError, load_config
-from mlx_grpo.data import PromptStream, load_examples
-from mlx_grpo.loss import token_logprobs
-from mlx_grpo.model import load_base
+from mlx_grpo.data.load import PromptStream, load_examples
+from mlx_grpo.algorithm.loss import token_logprobs
+from mlx_grpo.models.load import load_base
 from mlx_grpo.rewards import RewardSet
-from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 from mlx_grpo.rng import seed_everything
-from mlx_grpo.train import (
+from mlx_grpo.commands.train import (
     COMPILE_STEP, build_policy, make_loss_fn, make_optimizer, prepare_batches, run_updates,
 )
 

@@ -17,8 +17,8 @@ from mlx_lm.models import qwen2
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.utils import load_tokenizer, save_config, save_model
 
-from mlx_grpo import arithmetic
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.data import arithmetic
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 
 SPECIAL_TOKENS = ["<|endoftext|>", "<|im_start|>", "<|im_end|>"]
 OPERATOR_TOKENS = [" + ", " - ", " = "]
@@ -239,9 +239,9 @@ def is_stepwise(completion: str) -> bool:
 def fingerprint(model, tokenizer, questions: list[dict], seed: int = 0) -> dict:
     """What a build does on held-out questions: accuracy and share of worked steps,
     greedy and sampled at temperature 1 (the share over two-step questions only)."""
-    from mlx_grpo.data import render_prompt
+    from mlx_grpo.data.load import render_prompt
     from mlx_grpo.rewards import extract_predicted_number
-    from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+    from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
     prompts = [tokenizer.encode(render_prompt(tokenizer, q["question"], DEFAULT_SYSTEM_PROMPT),
                                 add_special_tokens=False) for q in questions]

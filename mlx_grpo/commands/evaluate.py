@@ -14,7 +14,6 @@ Identical (question, answer) rows are scored once, so a cycled split does not co
 from collections import Counter
 from dataclasses import dataclass
 from decimal import Decimal
-import functools
 import json
 from pathlib import Path
 
@@ -22,10 +21,10 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from mlx_grpo.data import load_examples
-from mlx_grpo.rewards import extract_predicted_number, extract_reference_number
+from mlx_grpo.data.load import load_examples
+from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
 from mlx_grpo.rng import capture_rng, restore_rng
-from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
 
 @dataclass
@@ -101,16 +100,9 @@ def number_metrics(samples: list[list[str]], answers: list[str]) -> dict:
     return {f"maj@{k}": float(np.mean(majority)), f"pass@{k}": float(np.mean(any_right))}
 
 
-@functools.cache
-def _rouge_scorer():
-    from rouge_score import rouge_scorer
-
-    return rouge_scorer.RougeScorer(["rouge1", "rouge2", "rougeL"], use_stemmer=True)
-
-
 def rouge_metrics(completions: list[str], answers: list[str]) -> dict:
-    scores = [_rouge_scorer().score(a or "", c.strip()) for c, a in zip(completions, answers)]
-    return {k: float(np.mean([s[k].fmeasure for s in scores])) for k in ("rouge1", "rouge2", "rougeL")}
+    scores = [rouge_scorer().score(a or "", c.strip()) for c, a in zip(completions, answers)]
+    return {k: float(np.mean([s[k].fmeasure for s in scores])) for k in ROUGE_TYPES}
 
 
 def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, progress: bool = True) -> dict:
@@ -199,8 +191,8 @@ def default_output(loaded, split: str) -> Path:
 
 
 def main(args) -> dict:
-    from mlx_grpo.model import load_base
-    from mlx_grpo.model_spec import load_model
+    from mlx_grpo.models.load import load_base
+    from mlx_grpo.models.named import load_model
     from mlx_grpo.rewards import RewardSet
 
     loaded = load_model(args.model, args.adapter) if args.model else None

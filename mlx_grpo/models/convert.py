@@ -42,7 +42,7 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
     """Write the MLX folder `mlx_path` from `hf_path`; returns it."""
     from mlx_lm.convert import convert
 
-    from mlx_grpo.model import resolve_model_path
+    from mlx_grpo.models.load import resolve_model_path
 
     source = resolve_model_path(hf_path)
     if source.startswith((".", "/", "~")) and not Path(source).expanduser().is_dir():

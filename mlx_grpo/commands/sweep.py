@@ -16,7 +16,7 @@ import re
 import time
 
 from mlx_grpo.config import ConfigError, load_config
-from mlx_grpo.log import read_metrics
+from mlx_grpo.run.log import read_metrics
 
 
 @dataclass
@@ -95,8 +95,8 @@ def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: b
     """Train every variant in turn; returns one result row per variant (see `results_table`).
 
     A variant folder that holds an earlier run stops the sweep unless `overwrite`."""
-    from mlx_grpo.report import run_summary
-    from mlx_grpo.train import train
+    from mlx_grpo.commands.report import run_summary
+    from mlx_grpo.commands.train import train
 
     root, planned = plan(config, vary, steps=steps, grid=grid, overrides=overrides)
     print(f"mlx-grpo sweep: {len(planned)} runs into {root}")

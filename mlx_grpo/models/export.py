@@ -11,10 +11,10 @@ from pathlib import Path
 import mlx_lm.utils
 from mlx_lm.utils import dequantize_model
 
-from mlx_grpo.adapters import fuse_adapters
+from mlx_grpo.models.adapters import fuse_adapters
 from mlx_grpo.config import save_config
-from mlx_grpo.convert import output_folder
-from mlx_grpo.model_spec import load_model
+from mlx_grpo.models.convert import output_folder
+from mlx_grpo.models.named import load_model
 
 
 def export_model(source: str, out: str, *, adapter: str | None = None, dequantize: bool = False,

@@ -14,7 +14,7 @@ import os
 from pathlib import Path
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.log import read_jsonl
+from mlx_grpo.run.log import read_jsonl
 
 # The panels, in order; a metric no run logged gets no panel. Reward functions and eval
 # metrics are added after "reward" and at the end, one panel each, under their own names.

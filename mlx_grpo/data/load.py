@@ -66,7 +66,7 @@ def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:
         raise DataError(f"data.dataset: unknown built-in 'builtin:{name}' (known: builtin:arithmetic)")
     if split not in BUILTIN_SIZES:
         raise DataError(f"data.split: builtin:arithmetic has splits {', '.join(BUILTIN_SIZES)}, not {split!r}")
-    from mlx_grpo.arithmetic import make_problems
+    from mlx_grpo.data.arithmetic import make_problems
 
     return make_problems(BUILTIN_SIZES[split], seed=0, split=split)
 

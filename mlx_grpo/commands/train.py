@@ -22,31 +22,31 @@ from mlx.utils import tree_flatten, tree_map
 import numpy as np
 from tqdm import tqdm
 
-from mlx_grpo.adapters import load_adapter_weights
-from mlx_grpo.advantages import group_advantages, group_stats
-from mlx_grpo.checkpoint import checkpoint_dir, save_checkpoint
-from mlx_grpo.compiled_step import make_grad_fn
+from mlx_grpo.models.adapters import load_adapter_weights
+from mlx_grpo.algorithm.advantages import group_advantages, group_stats
+from mlx_grpo.run.checkpoint import checkpoint_dir, save_checkpoint
+from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.config import save_config
-from mlx_grpo.data import PromptStream, load_examples
+from mlx_grpo.data.load import PromptStream, load_examples
 from mlx_grpo.distributed import (
     SINGLE, allreduce_bytes, check_world, init_world, local_share, sampling_seed, share_resume_point,
     sync_parameters,
 )
-from mlx_grpo.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
+from mlx_grpo.algorithm.dynamic_sampling import ScoredRollout, accumulation_parts, fill_groups, take_groups
 from mlx_grpo.errors import NonFiniteError, TrainingError
-from mlx_grpo.evaluate import make_training_eval
-from mlx_grpo.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
-from mlx_grpo.loss import (
+from mlx_grpo.commands.evaluate import make_training_eval
+from mlx_grpo.run.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
+from mlx_grpo.algorithm.loss import (
     DIVIDES_BY_ACCUMULATION, grpo_loss, pack_sequences, token_logprobs, token_logprobs_and_entropies,
 )
-from mlx_grpo.model import add_adapters, adapters_disabled, checkpoint_layers, load_base
-from mlx_grpo.overlong import overlong_penalty
-from mlx_grpo.resume import open_run, restore_training_state
+from mlx_grpo.models.load import add_adapters, adapters_disabled, checkpoint_layers, load_base
+from mlx_grpo.algorithm.overlong import overlong_penalty
+from mlx_grpo.run.resume import open_run, restore_training_state
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rewards import RewardSet
-from mlx_grpo.rollout import generate_completions, make_rollout_sampler
-from mlx_grpo.stopping import RunStopped, StopRequest
-from mlx_grpo.watch import RunWatcher
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
+from mlx_grpo.run.stopping import RunStopped, StopRequest
+from mlx_grpo.run.watch import RunWatcher
 
 PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
 # mx.compile on the micro-batch gradient: correct (tests/test_update_step.py) but measured

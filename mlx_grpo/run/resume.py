@@ -17,7 +17,7 @@ import tomllib
 
 import mlx.core as mx
 
-from mlx_grpo.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state
+from mlx_grpo.run.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state
 from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
 

@@ -12,7 +12,7 @@ import sys
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
-from mlx_grpo.rollout import make_rollout_sampler
+from mlx_grpo.rollout.sample import make_rollout_sampler
 
 
 @dataclass
@@ -71,7 +71,7 @@ def print_piece(text: str, out=None):
 
 
 def main(args) -> Answer:
-    from mlx_grpo.model_spec import load_model
+    from mlx_grpo.models.named import load_model
 
     loaded = load_model(args.model, args.adapter)
     system = loaded.system_prompt if args.system is None else args.system

@@ -4,7 +4,7 @@
 parameter Qwen2 with a tokenizer trained on the arithmetic chats, checked against the
 SHA-256 sums of its manifest.json before first use. It is never trained on the user's
 machine: the same recipe gives a different model on another BLAS or backend
-(`mlx_grpo/tiny_recipe.py` and `scripts/build_tiny.py` rebuild it for maintainers).
+(`mlx_grpo/models/tiny_recipe.py` and `scripts/build_tiny.py` rebuild it for maintainers).
 
 `builtin:small` (~25M parameters, for speed benchmarks) is random: its weights are drawn with
 NumPy's PCG64 from a fixed seed, which gives the same bytes everywhere, and written once into
@@ -28,7 +28,7 @@ from mlx.utils import tree_flatten, tree_unflatten
 from mlx_grpo.errors import ModelError
 from mlx_grpo.rng import capture_rng, restore_rng
 
-SHIPPED = Path(__file__).parent / "builtin"
+SHIPPED = Path(__file__).parent.parent / "builtin"  # the data folder stays at mlx_grpo/builtin/
 MANIFEST = "manifest.json"
 SMALL_ARCH = {
     "hidden_size": 512,
@@ -146,13 +146,3 @@ def random_weights(model, seed: int) -> list[tuple[str, mx.array]]:
             values = (rng.random(p.shape) * 2 - 1) * bound
         out.append((name, mx.array(values.astype(np.float32))))
     return out
-
-
-def weights_digest(folder: Path) -> str:
-    """SHA-256 over the names and raw float32 bytes of a model folder's tensors, sorted."""
-    h = hashlib.sha256()
-    for f in sorted(folder.glob("model*.safetensors")):
-        for name, array in sorted(mx.load(str(f)).items()):
-            h.update(name.encode())
-            h.update(np.array(array.astype(mx.float32)).tobytes())
-    return h.hexdigest()

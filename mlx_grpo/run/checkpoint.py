@@ -49,7 +49,7 @@ def latest_checkpoint(output_dir) -> Path | None:
 
 
 def adapter_config(cfg, num_layers: int) -> dict:
-    from mlx_grpo.model import lora_parameters
+    from mlx_grpo.models.load import lora_parameters
 
     return {
         "fine_tune_type": getattr(cfg.lora, "method", "lora"),

@@ -16,11 +16,11 @@ from pathlib import Path
 import mlx_lm
 from mlx_lm.tuner.utils import load_adapters
 
-from mlx_grpo.checkpoint import latest_checkpoint
+from mlx_grpo.run.checkpoint import latest_checkpoint
 from mlx_grpo.config import Config, load_config
 from mlx_grpo.errors import ModelError
-from mlx_grpo.model import load_base, resolve_model_path
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.models.load import load_base, resolve_model_path
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 
 RUN_CONFIG = "config.toml"
 

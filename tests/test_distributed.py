@@ -19,7 +19,7 @@ from mlx_grpo.distributed import (
 )
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.run.log import read_metrics
-from mlx_grpo.commands.train import build_policy
+from mlx_grpo.commands.setup import build_policy
 
 import distributed_worker
 

@@ -11,9 +11,11 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo import cli
-from mlx_grpo.run.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
+from mlx_grpo.run.checkpoint import CheckpointError, save_checkpoint
+from mlx_grpo.run.layout import list_checkpoints
 from mlx_grpo.config import DataConfig, ModelConfig, load_config
-from mlx_grpo.data.load import DataError, load_examples, plain_prompt
+from mlx_grpo.data.chat import plain_prompt
+from mlx_grpo.data.load import DataError, load_examples
 from mlx_grpo.errors import ModelError, TrainingError
 from mlx_grpo.run.log import read_metrics
 from mlx_grpo.models.load import check_model_folder, load_base
@@ -30,7 +32,7 @@ def _cfg(out, *extra):
 
 
 def test_nan_steps_are_skipped_up_to_max_bad_steps_then_stop_naming_step_metric_checkpoint(tmp_path, monkeypatch, capsys):
-    import mlx_grpo.commands.train as train_mod
+    import mlx_grpo.update.step as train_mod
 
     real, calls = train_mod.grpo_loss, []
 

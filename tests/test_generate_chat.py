@@ -12,7 +12,8 @@ import pytest
 
 from mlx_grpo.commands.chat import ChatSession, chat_loop
 from mlx_grpo.cli import main
-from mlx_grpo.commands.generate import conversation, generate_answer, render_messages, stream_answer
+from mlx_grpo.commands.generate import generate_answer, stream_answer
+from mlx_grpo.data.chat import conversation, render_messages
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 from mlx_grpo.rollout.sample import make_rollout_sampler
 

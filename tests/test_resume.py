@@ -91,7 +91,7 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_uninterrupted_run(tmp_pat
 @pytest.fixture
 def signal_at_step(monkeypatch):
     """Send `signum` to this process while step `at` is generating."""
-    import mlx_grpo.commands.train as train_mod
+    import mlx_grpo.rollout.score as train_mod
 
     real = train_mod.generate_completions
 
@@ -212,7 +212,7 @@ def test_readme_names_exactly_what_overwrite_deletes():
     files while four are deleted: completions.jsonl was missing)."""
     from pathlib import Path
 
-    from mlx_grpo.run.resume import RUN_FILES
+    from mlx_grpo.run.layout import RUN_FILES
 
     readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
     paragraph = readme[readme.index("- An `output_dir` holding a run"):].split("\n- ", 1)[0]

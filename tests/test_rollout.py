@@ -1,6 +1,6 @@
 import mlx.core as mx
 
-from mlx_grpo.data.load import render_prompt
+from mlx_grpo.data.chat import render_prompt
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 

@@ -11,7 +11,9 @@ from mlx_grpo.config import load_config
 from mlx_grpo.algorithm.loss import LOSS_TYPES
 from mlx_grpo.rollout.sample import Rollout
 from mlx_grpo.models.load import checkpoint_layers
-from mlx_grpo.commands.train import build_policy, make_loss_fn, prepare_batches, update
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.update.batches import prepare_batches
+from mlx_grpo.update.step import make_loss_fn, update
 
 
 def _rollout():
@@ -143,7 +145,7 @@ def test_first_of_several_updates_has_ratio_one_under_lora_dropout(random_qwen2)
     clipped tokens; the second update, against the stored old_logp, still does here."""
     from mlx_grpo.config import LoraConfig
     from mlx_grpo.models.load import add_adapters
-    from mlx_grpo.commands.train import run_updates
+    from mlx_grpo.update.step import run_updates
 
     model = random_qwen2
     add_adapters(model, LoraConfig(rank=4, dropout=0.5))

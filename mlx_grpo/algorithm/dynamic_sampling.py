@@ -8,24 +8,9 @@ bookkeeping; the trainer hands it a `draw(n)` that samples and scores n prompts.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 from mlx_grpo.algorithm.advantages import flat_groups
-from mlx_grpo.rollout.sample import Rollout
-
-
-@dataclass
-class ScoredRollout:
-    """A rollout with its rewards (totals and per reward name) and the prompt of each row."""
-
-    rollout: Rollout
-    rewards: list[float]
-    per_name: dict[str, list[float]]
-    questions: list[str]
-
-    @property
-    def num_groups(self) -> int:
-        return len(self.rewards) // self.rollout.group_size
+from mlx_grpo.rollout.score import ScoredRollout, concat, take_groups
 
 
 def groups_with_spread(rewards, group_size: int) -> list[int]:
@@ -36,32 +21,6 @@ def groups_with_spread(rewards, group_size: int) -> list[int]:
     if group_size == 1:
         return []
     return [g for g, flat in enumerate(flat_groups(rewards, group_size)) if not flat]
-
-
-def take_groups(batch: ScoredRollout, groups: list[int]) -> ScoredRollout:
-    """The rows of `groups`, in that order."""
-    G = batch.rollout.group_size
-    rows = [g * G + j for g in groups for j in range(G)]
-    pick = lambda xs: [xs[i] for i in rows]
-    r = batch.rollout
-    return ScoredRollout(
-        Rollout(pick(r.prompt_tokens), pick(r.completion_tokens), pick(r.texts), pick(r.truncated), G),
-        pick(batch.rewards), {k: pick(v) for k, v in batch.per_name.items()}, pick(batch.questions),
-    )
-
-
-def concat(batches: list[ScoredRollout]) -> ScoredRollout:
-    """The rows of all batches, one after the other (all share one group size)."""
-    first = batches[0]
-    cat = lambda get: [x for b in batches for x in get(b)]
-    return ScoredRollout(
-        Rollout(
-            cat(lambda b: b.rollout.prompt_tokens), cat(lambda b: b.rollout.completion_tokens),
-            cat(lambda b: b.rollout.texts), cat(lambda b: b.rollout.truncated), first.rollout.group_size,
-        ),
-        cat(lambda b: b.rewards), {k: cat(lambda b: b.per_name[k]) for k in first.per_name},
-        cat(lambda b: b.questions),
-    )
 
 
 def fill_groups(draw: Callable[[int], ScoredRollout], num_groups: int, max_resample_rounds: int):
@@ -97,3 +56,10 @@ def accumulation_parts(num_groups: int, gradient_accumulation_steps: int) -> tup
     if parts == 0:
         return 0, 0
     return num_groups // parts * parts, parts
+
+
+def fit_parts(kept: ScoredRollout, gradient_accumulation_steps: int) -> tuple[ScoredRollout, int]:
+    """The groups a short step trains on and its accumulation parts (see `accumulation_parts`);
+    none at all means no update. A full step comes back whole, with its configured parts."""
+    used, parts = accumulation_parts(kept.num_groups, gradient_accumulation_steps)
+    return take_groups(kept, list(range(used))), max(parts, 1)

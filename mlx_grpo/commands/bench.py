@@ -28,17 +28,15 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
-from mlx_grpo.update.grad import make_grad_fn
+from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
-from mlx_grpo.data.load import PromptStream, load_examples
+from mlx_grpo.data.load import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
-from mlx_grpo.models.load import load_base
-from mlx_grpo.rewards import RewardSet
-from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 from mlx_grpo.rng import seed_everything
-from mlx_grpo.commands.train import (
-    COMPILE_STEP, build_policy, make_loss_fn, make_optimizer, prepare_batches, run_updates,
-)
+from mlx_grpo.rollout.sample import generate_completions
+from mlx_grpo.update.batches import prepare_batches
+from mlx_grpo.update.grad import make_grad_fn
+from mlx_grpo.update.step import COMPILE_STEP, run_updates
 
 SIZES = {"tiny": "builtin:tiny", "small": "builtin:small"}
 GB = 1e9
@@ -53,54 +51,44 @@ def bench_config(model_path: str, prompts: int, generations: int, max_new_tokens
     ])
 
 
-class _Trainer:
-    """The state `train()` builds, set up the same way."""
+class _Bench:
+    """The trainer's own state (`setup`), its prompts and rewards."""
 
     def __init__(self, cfg):
-        t, g = cfg.training, cfg.grpo
         seed_everything(cfg.seed)
-        self.cfg = cfg
-        self.reward_set = RewardSet.from_config(cfg.rewards)
-        self.model, self.tokenizer, base_path, _ = build_policy(cfg)
-        self.ref_model = None
-        if g.beta > 0 and not cfg.lora.enabled:
-            self.ref_model = load_base(cfg.model, base_path)[0]
-            self.ref_model.freeze()
-        examples = load_examples(cfg.data, self.tokenizer, seed=cfg.seed)
-        self.stream = PromptStream(examples, cfg.data.shuffle, cfg.seed)
-        gen = cfg.generation
-        self.sampler = make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p)
-        self.optimizer = make_optimizer(t, 1_000_000)
-        self.grad_fn = make_grad_fn(self.model, make_loss_fn(cfg), compiled=COMPILE_STEP)
-        self.trainable = sum(v.size for _, v in tree_flatten(self.model.trainable_parameters()))
+        self.reward_set = make_rewards(cfg)
+        self.tr = setup(cfg, total_updates=1_000_000)
+        self.stream = PromptStream(self.tr.examples, cfg.data.shuffle, cfg.seed)
+        self.prompts = cfg.training.prompts_per_step * cfg.training.gradient_accumulation_steps
+        self.trainable = sum(v.size for _, v in tree_flatten(self.tr.model.trainable_parameters()))
 
 
-def _timed_step(tr: _Trainer) -> tuple[dict, object, list]:
-    cfg, gen = tr.cfg, tr.cfg.generation
-    examples = tr.stream.take(cfg.training.prompts_per_step * cfg.training.gradient_accumulation_steps)
+def _timed_step(b: _Bench) -> tuple[dict, object, list]:
+    tr, s = b.tr, b.tr.sampling
+    examples = b.stream.take(b.prompts)
     mx.reset_peak_memory()
     t0 = time.perf_counter()
     tr.model.eval()
     rollout = generate_completions(
-        tr.model, tr.tokenizer, [e.prompt_tokens for e in examples], num_generations=gen.num_generations,
-        max_new_tokens=gen.max_new_tokens, sampler=tr.sampler, batch_size=gen.batch_size,
+        tr.model, tr.tokenizer, [e.prompt_tokens for e in examples], num_generations=s.num_generations,
+        max_new_tokens=s.max_new_tokens, sampler=tr.sampler, batch_size=s.batch_size,
     )
     t1 = time.perf_counter()
-    questions = [e.question for e in examples for _ in range(gen.num_generations)]
-    answers = [e.answer for e in examples for _ in range(gen.num_generations)]
-    rewards, _ = tr.reward_set(questions, rollout.texts, answers)
+    questions = [e.question for e in examples for _ in range(s.num_generations)]
+    answers = [e.answer for e in examples for _ in range(s.num_generations)]
+    rewards, _ = b.reward_set(questions, rollout.texts, answers)
     t2 = time.perf_counter()
-    batches = prepare_batches(tr.model, tr.ref_model, rollout, rewards, cfg)
+    batches = prepare_batches(tr.model, tr.ref_model, rollout, rewards, tr.settings)
     t3 = time.perf_counter()
     before_update = mx.get_peak_memory()
     mx.reset_peak_memory()
-    run_updates(tr.model, tr.optimizer, batches, tr.grad_fn, cfg)
+    run_updates(tr.model, tr.optimizer, batches, tr.grad_fn, tr.settings)
     t4 = time.perf_counter()
     update_peak = mx.get_peak_memory()
     return {
         "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "reference_s": t3 - t2,
         "update_s": t4 - t3, "completion_tokens": rollout.num_tokens,
-        "scored_tokens": sum(float(b.mask.sum().item()) for b in batches),
+        "scored_tokens": sum(float(x.mask.sum().item()) for x in batches),
         "peak_memory_gb": max(before_update, update_peak) / GB, "update_peak_memory_gb": update_peak / GB,
     }, rollout, batches
 
@@ -152,12 +140,12 @@ def forward_backward_limit(model, batches, grad_fns) -> tuple[list[float], float
     return times, peak
 
 
-def _limit(tr: _Trainer, rollout, batches, fb_fns) -> dict:
+def _limit(tr, rollout, batches, fb_fns) -> dict:
     g = rollout.group_size
     prompts = rollout.prompt_tokens[::g]
     lengths = [len(c) for c in rollout.completion_tokens]
     tr.model.eval()
-    gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.cfg.generation.batch_size)
+    gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.sampling.batch_size)
     tr.model.train()
     (plain_s, compiled_s), fb_peak = forward_backward_limit(tr.model, batches, fb_fns)
     fb_s = min(plain_s, compiled_s)  # the limit is the faster of the two
@@ -168,12 +156,13 @@ def _limit(tr: _Trainer, rollout, batches, fb_fns) -> dict:
 
 def run_bench(cfg, steps: int = 5, label: str = "") -> dict:
     """Warm-up step, then `steps` measured steps each followed by its limit; the report as a dict."""
-    tr = _Trainer(cfg)
+    bench = _Bench(cfg)
+    tr = bench.tr
     plain = nn.value_and_grad(tr.model, _likelihood)
     fb_fns = [lambda b: plain(tr.model, b), make_grad_fn(tr.model, _likelihood, compiled=True)]
     rows = []
     for i in range(steps + 1):
-        step, rollout, batches = _timed_step(tr)
+        step, rollout, batches = _timed_step(bench)
         limit = _limit(tr, rollout, batches, fb_fns)
         if i > 0:  # step 0 warms up: first traces, caches, allocator
             rows.append({"step": step, "limit": limit})
@@ -181,7 +170,7 @@ def run_bench(cfg, steps: int = 5, label: str = "") -> dict:
     step = {k: med("step", k) for k in rows[0]["step"]}
     limit = {k: med("limit", k) for k in rows[0]["limit"]}
     return {
-        "model": cfg.model.path, "label": label, "trainable_parameters": tr.trainable,
+        "model": cfg.model.path, "label": label, "trainable_parameters": bench.trainable,
         "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
         "generations": cfg.generation.num_generations, "max_new_tokens": cfg.generation.max_new_tokens,
         "micro_batch_size": cfg.training.micro_batch_size, "beta": cfg.grpo.beta,

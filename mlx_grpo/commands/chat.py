@@ -13,7 +13,8 @@ import sys
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import common_prefix_len
 
-from mlx_grpo.commands.generate import print_piece, render_messages, stream_answer
+from mlx_grpo.commands.generate import print_piece, stream_answer
+from mlx_grpo.data.chat import render_messages
 
 HELP = "commands: /reset (new conversation), /system TEXT, /quit; Ctrl-C stops an answer, Ctrl-D exits"
 

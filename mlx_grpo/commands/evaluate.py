@@ -24,6 +24,7 @@ from tqdm import tqdm
 from mlx_grpo.data.load import load_examples
 from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
 from mlx_grpo.rng import capture_rng, restore_rng
+from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
 
@@ -178,7 +179,7 @@ def _eval_config(args, loaded):
     if args.config:
         return load_config(args.config, args.overrides)
     if loaded is not None and loaded.config is not None:
-        return load_config(loaded.checkpoint / "config.toml", args.overrides)
+        return load_config(loaded.checkpoint / CONFIG, args.overrides)
     raise ModelError("eval: give --config FILE (the profile whose data and rewards to use), "
                      "or a --model that comes from a run")
 

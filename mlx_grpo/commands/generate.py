@@ -12,6 +12,7 @@ import sys
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
+from mlx_grpo.data.chat import conversation, render_messages
 from mlx_grpo.rollout.sample import make_rollout_sampler
 
 
@@ -25,20 +26,6 @@ class Answer:
     @property
     def num_tokens(self) -> int:
         return len(self.tokens)
-
-
-def render_messages(tokenizer, messages: list[dict]) -> list[int]:
-    """Token ids of a conversation, ending where the assistant's next answer begins."""
-    if getattr(tokenizer, "chat_template", None):
-        text = tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
-    else:  # a base model: no roles to mark, the text is the prompt
-        text = "\n".join(m["content"] for m in messages)
-    return tokenizer.encode(text, add_special_tokens=False)
-
-
-def conversation(system_prompt: str, prompt: str) -> list[dict]:
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    return messages + [{"role": "user", "content": prompt}]
 
 
 def stream_answer(model, tokenizer, prompt_tokens: list[int], *, max_tokens: int, sampler,

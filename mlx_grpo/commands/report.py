@@ -14,6 +14,7 @@ import os
 from pathlib import Path
 
 from mlx_grpo.errors import UserError
+from mlx_grpo.run.layout import COMPLETIONS, METRICS
 from mlx_grpo.run.log import read_jsonl
 
 # The panels, in order; a metric no run logged gets no panel. Reward functions and eval
@@ -61,12 +62,12 @@ def require_matplotlib():
 def load_run(run_dir) -> dict:
     """A run folder's metrics rows and sample completions; errors name the folder."""
     run_dir = Path(run_dir)
-    if not (run_dir / "metrics.jsonl").is_file():
-        raise ReportError(f"{run_dir}: no metrics.jsonl here (expected a run's output_dir)")
-    rows = read_jsonl(run_dir / "metrics.jsonl")
+    if not (run_dir / METRICS).is_file():
+        raise ReportError(f"{run_dir}: no {METRICS} here (expected a run's output_dir)")
+    rows = read_jsonl(run_dir / METRICS)
     if not rows:
-        raise ReportError(f"{run_dir / 'metrics.jsonl'}: no steps logged yet")
-    return {"dir": run_dir, "rows": rows, "samples": read_jsonl(run_dir / "completions.jsonl")}
+        raise ReportError(f"{run_dir / METRICS}: no steps logged yet")
+    return {"dir": run_dir, "rows": rows, "samples": read_jsonl(run_dir / COMPLETIONS)}
 
 
 def run_labels(dirs) -> list[str]:
@@ -173,7 +174,8 @@ def run_summary(rows) -> dict:
     }
 
 
-def _fmt(v, spec=".3f"):
+def fmt_cell(v, spec=".3f") -> str:
+    """A table cell: the number formatted, or "-" where there is none (the sweep's table too)."""
     return "-" if v is None else format(v, spec)
 
 
@@ -187,8 +189,8 @@ def _group_html(prompt: str, rows) -> str:
     names = sorted({n for s in rows for n in s.get("rewards", {})})
     head = "".join(f"<th>{html.escape(n)}</th>" for n in names)
     body = "".join(
-        f"<tr><td>{_fmt(s['reward'])}</td>"
-        + "".join(f"<td>{_fmt(s.get('rewards', {}).get(n))}</td>" for n in names)
+        f"<tr><td>{fmt_cell(s['reward'])}</td>"
+        + "".join(f"<td>{fmt_cell(s.get('rewards', {}).get(n))}</td>" for n in names)
         + f"<td><pre>{html.escape(s['completion'])}</pre></td></tr>"
         for s in rows
     )
@@ -225,9 +227,9 @@ def _summary_html(runs, labels) -> str:
     body = ""
     for run, label in zip(runs, labels):
         s = run_summary(run["rows"])
-        body += (f"<tr><td>{html.escape(label)}</td><td>{s['steps']}</td><td>{_fmt(s['final_reward'])}</td>"
-                 f"<td>{_fmt(s['best_reward'])} ({s['best_step']})</td><td>{_fmt(s['kl'], '.4g')}</td>"
-                 f"<td>{s['train_time_s']:.1f}</td><td>{_fmt(s['peak_memory_gb'], '.2f')}</td></tr>")
+        body += (f"<tr><td>{html.escape(label)}</td><td>{s['steps']}</td><td>{fmt_cell(s['final_reward'])}</td>"
+                 f"<td>{fmt_cell(s['best_reward'])} ({s['best_step']})</td><td>{fmt_cell(s['kl'], '.4g')}</td>"
+                 f"<td>{s['train_time_s']:.1f}</td><td>{fmt_cell(s['peak_memory_gb'], '.2f')}</td></tr>")
     return f"<table>{head}{body}</table>"
 
 

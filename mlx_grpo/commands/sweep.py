@@ -15,6 +15,7 @@ from pathlib import Path
 import re
 import time
 
+from mlx_grpo.commands.report import fmt_cell, run_summary
 from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.run.log import read_metrics
 
@@ -95,7 +96,6 @@ def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: b
     """Train every variant in turn; returns one result row per variant (see `results_table`).
 
     A variant folder that holds an earlier run stops the sweep unless `overwrite`."""
-    from mlx_grpo.commands.report import run_summary
     from mlx_grpo.commands.train import train
 
     root, planned = plan(config, vary, steps=steps, grid=grid, overrides=overrides)
@@ -111,10 +111,6 @@ def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: b
     return results
 
 
-def _cell(v, spec):
-    return "-" if v is None else format(v, spec)
-
-
 def results_table(results: list[dict]) -> str:
     """The comparison as aligned text; an eval column only where eval metrics were logged."""
     eval_keys = sorted({k for r in results for k in r["eval"]})
@@ -124,9 +120,9 @@ def results_table(results: list[dict]) -> str:
     rows = [header]
     for r in results:
         best = "-" if r["best_reward"] is None else f"{r['best_reward']:.3f} ({r['best_step']})"
-        rows.append([r["name"], _cell(r["final_reward"], ".3f"), best,
-                     *[_cell(r["eval"].get(k), ".3f") for k in eval_keys],
-                     _cell(r["kl"], ".4g"), f"{r['wall_time_s']:.1f}", _cell(r["peak_memory_gb"], ".2f")])
+        rows.append([r["name"], fmt_cell(r["final_reward"], ".3f"), best,
+                     *[fmt_cell(r["eval"].get(k), ".3f") for k in eval_keys],
+                     fmt_cell(r["kl"], ".4g"), f"{r['wall_time_s']:.1f}", fmt_cell(r["peak_memory_gb"], ".2f")])
     widths = [max(len(row[i]) for row in rows) for i in range(len(header))]
     lines = ["  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
              for row in rows]

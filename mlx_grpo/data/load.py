@@ -12,6 +12,7 @@ from pathlib import Path
 import random
 import sys
 
+from mlx_grpo.data.chat import has_chat_template, render_prompt
 from mlx_grpo.errors import UserError
 
 # The whole training pool once, and 200 of the 325 held-out questions. The rows never depend on
@@ -109,24 +110,6 @@ def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:
     if not isinstance(value, str) or not value.strip():
         raise DataError(f"{label}: row {index} field {key!r} must be non-empty text, got {value!r:.60}")
     return value
-
-
-def has_chat_template(tokenizer) -> bool:
-    return bool(getattr(tokenizer, "has_chat_template", getattr(tokenizer, "chat_template", None)))
-
-
-def plain_prompt(question: str, system_prompt: str = "") -> str:
-    """The prompt for a tokenizer without a chat template."""
-    return (f"{system_prompt}\n\n" if system_prompt else "") + f"User: {question}\nAssistant:"
-
-
-def render_prompt(tokenizer, question: str, system_prompt: str = "") -> str:
-    """The chat-template text that the model continues with its answer (plain text without one)."""
-    if not has_chat_template(tokenizer):
-        return plain_prompt(question, system_prompt)
-    messages = [{"role": "system", "content": system_prompt}] if system_prompt else []
-    messages.append({"role": "user", "content": question})
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
 
 
 def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Example], int]:

@@ -13,8 +13,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_grpo.errors import TrainingError
-
-ADAPTER_WEIGHTS = "adapters.safetensors"
+from mlx_grpo.run.layout import ADAPTER_WEIGHTS
 
 
 def load_adapter_weights(model, folder: str, key: str = "lora.resume_adapter") -> int:

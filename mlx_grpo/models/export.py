@@ -15,6 +15,7 @@ from mlx_grpo.models.adapters import fuse_adapters
 from mlx_grpo.config import save_config
 from mlx_grpo.models.convert import output_folder
 from mlx_grpo.models.named import load_model
+from mlx_grpo.run.layout import CONFIG
 
 
 def export_model(source: str, out: str, *, adapter: str | None = None, dequantize: bool = False,
@@ -31,7 +32,7 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
     with output_folder(out, force, flag="--out") as tmp:
         mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
         if loaded.config is not None:
-            save_config(loaded.config, tmp / "config.toml")
+            save_config(loaded.config, tmp / CONFIG)
     return Path(out).expanduser()
 
 

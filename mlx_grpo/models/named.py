@@ -16,13 +16,13 @@ from pathlib import Path
 import mlx_lm
 from mlx_lm.tuner.utils import load_adapters
 
-from mlx_grpo.run.checkpoint import latest_checkpoint
 from mlx_grpo.config import Config, load_config
 from mlx_grpo.errors import ModelError
 from mlx_grpo.models.load import load_base, resolve_model_path
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
-
-RUN_CONFIG = "config.toml"
+from mlx_grpo.run.layout import (
+    ADAPTER_CONFIG, CHECKPOINTS, CONFIG, MODEL_CONFIG, latest_checkpoint, run_dir_of,
+)
 
 
 @dataclass
@@ -41,12 +41,8 @@ class LoadedModel:
 
 
 def _run_config(folder: Path) -> Config | None:
-    path = folder / RUN_CONFIG
+    path = folder / CONFIG
     return load_config(path) if path.is_file() else None
-
-
-def _run_dir_of(checkpoint: Path) -> Path | None:
-    return checkpoint.parent.parent if checkpoint.parent.name == "checkpoints" else None
 
 
 def _looks_local(spec: str) -> bool:
@@ -55,7 +51,7 @@ def _looks_local(spec: str) -> bool:
 
 def _checkpoint_of(spec: str, path: Path) -> Path:
     """The folder holding the weights: a run folder gives its latest checkpoint."""
-    if (path / "checkpoints").is_dir() and not (path / "config.json").exists():
+    if (path / CHECKPOINTS).is_dir() and not (path / MODEL_CONFIG).exists():
         found = latest_checkpoint(path)
         if found is None:
             raise ModelError(f"--model {spec}: run folder {path} has no complete checkpoint yet")
@@ -66,15 +62,15 @@ def _checkpoint_of(spec: str, path: Path) -> Path:
 def _load_folder(spec: str, path: Path) -> LoadedModel:
     ckpt = _checkpoint_of(spec, path)
     cfg = _run_config(ckpt)
-    if (ckpt / "adapter_config.json").is_file():
+    if (ckpt / ADAPTER_CONFIG).is_file():
         if cfg is None:
             raise ModelError(
-                f"--model {spec}: adapter folder {ckpt} has no {RUN_CONFIG} naming its base; "
+                f"--model {spec}: adapter folder {ckpt} has no {CONFIG} naming its base; "
                 "give the base as --model and this folder as --adapter"
             )
         model, tokenizer, base_path = load_base(cfg.model)
         load_adapters(model, str(ckpt))
-    elif (ckpt / "config.json").is_file():
+    elif (ckpt / MODEL_CONFIG).is_file():
         model, tokenizer = mlx_lm.load(str(ckpt))
         base_path = str(ckpt)
     else:
@@ -83,7 +79,7 @@ def _load_folder(spec: str, path: Path) -> LoadedModel:
             "adapter_config.json or checkpoints/)"
         )
     model.eval()
-    return LoadedModel(model, tokenizer, base_path, cfg, ckpt, _run_dir_of(ckpt))
+    return LoadedModel(model, tokenizer, base_path, cfg, ckpt, run_dir_of(ckpt))
 
 
 def _load_named(spec: str) -> LoadedModel:
@@ -114,11 +110,11 @@ def load_model(spec: str, adapter: str | None = None) -> LoadedModel:
 
 
 def _add_adapter(loaded: LoadedModel, spec: str, adapter: Path):
-    if not (adapter / "adapter_config.json").is_file():
+    if not (adapter / ADAPTER_CONFIG).is_file():
         raise ModelError(f"--adapter {adapter}: not an adapter folder (no adapter_config.json)")
-    if loaded.checkpoint is not None and (loaded.checkpoint / "adapter_config.json").is_file():
+    if loaded.checkpoint is not None and (loaded.checkpoint / ADAPTER_CONFIG).is_file():
         raise ModelError(f"--model {spec} already carries an adapter; give its base with --adapter")
     load_adapters(loaded.model, str(adapter))
     loaded.model.eval()
     loaded.config = _run_config(adapter) or loaded.config
-    loaded.checkpoint, loaded.run_dir = adapter, _run_dir_of(adapter)
+    loaded.checkpoint, loaded.run_dir = adapter, run_dir_of(adapter)

@@ -1,6 +1,6 @@
 """Checkpoints: written whole or not at all, loadable by mlx-lm as they are.
 
-A checkpoint folder `checkpoints/step_NNNNNN/` holds either a full model (config.json,
+A checkpoint folder (run/layout.py names its files) holds either a full model (config.json,
 model.safetensors, tokenizer; `mlx_lm.load(path)` reads it) or a LoRA adapter
 (adapters.safetensors, adapter_config.json; `mlx_lm.load(base, adapter_path=path)`),
 plus optimizer.safetensors, trainer_state.json and the resolved config.toml. It is
@@ -17,9 +17,10 @@ import mlx_lm.utils
 
 from mlx_grpo.config import save_config
 from mlx_grpo.errors import TrainingError
-
-_PREFIX = "step_"
-
+from mlx_grpo.run.layout import (
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, OPTIMIZER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
+    write_trainer_state,
+)
 
 class CheckpointError(TrainingError):
     """Writing a checkpoint failed; the message says where, why and what is still intact."""
@@ -28,24 +29,6 @@ class CheckpointError(TrainingError):
         kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
         reason = getattr(error, "strerror", None) or " ".join(str(error).split())
         super().__init__(f"checkpoint: cannot write step {step} to {tmp} ({reason}); {kept}")
-
-
-def checkpoint_dir(output_dir, step: int) -> Path:
-    return Path(output_dir) / "checkpoints" / f"{_PREFIX}{step:06d}"
-
-
-def list_checkpoints(output_dir) -> list[Path]:
-    """Complete checkpoints, oldest first (a complete one has trainer_state.json)."""
-    root = Path(output_dir) / "checkpoints"
-    if not root.is_dir():
-        return []
-    found = [p for p in root.glob(f"{_PREFIX}*") if p.name[len(_PREFIX):].isdigit()]
-    return sorted((p for p in found if (p / "trainer_state.json").exists()), key=lambda p: p.name)
-
-
-def latest_checkpoint(output_dir) -> Path | None:
-    found = list_checkpoints(output_dir)
-    return found[-1] if found else None
 
 
 def adapter_config(cfg, num_layers: int) -> dict:
@@ -62,8 +45,8 @@ def adapter_config(cfg, num_layers: int) -> dict:
 def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers: int):
     if cfg.lora.enabled:
         adapters = dict(tree_flatten(model.trainable_parameters()))
-        mx.save_safetensors(str(dst / "adapters.safetensors"), adapters)
-        (dst / "adapter_config.json").write_text(json.dumps(adapter_config(cfg, num_layers), indent=2))
+        mx.save_safetensors(str(dst / ADAPTER_WEIGHTS), adapters)
+        (dst / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(cfg, num_layers), indent=2))
     else:
         model_config = mlx_lm.utils.load_config(Path(base_path))
         mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
@@ -79,10 +62,10 @@ def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_
         tmp.mkdir(parents=True)
         _write_weights(tmp, model, tokenizer, cfg, base_path, num_layers)
         opt_state = dict(tree_flatten(optimizer.state))
-        mx.save_safetensors(str(tmp / "optimizer.safetensors"), opt_state)
-        save_config(cfg, tmp / "config.toml")
+        mx.save_safetensors(str(tmp / OPTIMIZER_STATE), opt_state)
+        save_config(cfg, tmp / CONFIG)
         # trainer_state.json goes last: its presence marks the folder complete.
-        (tmp / "trainer_state.json").write_text(json.dumps({"step": step, **trainer_state}))
+        write_trainer_state(tmp, {"step": step, **trainer_state})
     except (OSError, RuntimeError) as e:  # a full disk (MLX raises RuntimeError): earlier ones stay
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(step, tmp, e, latest_checkpoint(output_dir)) from e
@@ -95,4 +78,4 @@ def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_
 
 
 def load_optimizer_state(path: Path):
-    return tree_unflatten(list(mx.load(str(Path(path) / "optimizer.safetensors")).items()))
+    return tree_unflatten(list(mx.load(str(Path(path) / OPTIMIZER_STATE)).items()))

@@ -5,12 +5,14 @@ import json
 import math
 from pathlib import Path
 
+from mlx_grpo.run.layout import COMPLETIONS, METRICS
+
 
 class MetricsLog:
     """Appends one JSON line per step to `<output_dir>/metrics.jsonl`."""
 
     def __init__(self, output_dir, fresh: bool = True):
-        self.path = Path(output_dir) / "metrics.jsonl"
+        self.path = Path(output_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
             self.path.write_text("")
@@ -27,7 +29,7 @@ class CompletionLog:
     {"step", "prompt", "completion", "reward", "rewards": {name: score}}."""
 
     def __init__(self, output_dir, fresh: bool = True):
-        self.path = Path(output_dir) / "completions.jsonl"
+        self.path = Path(output_dir) / COMPLETIONS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
             self.path.write_text("")
@@ -70,8 +72,8 @@ def truncate_jsonl(path, last_step: int) -> None:
 
 
 def read_metrics(output_dir) -> list[dict]:
-    path = Path(output_dir) / "metrics.jsonl"
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    """The rows of a run folder's metrics.jsonl."""
+    return read_jsonl(Path(output_dir) / METRICS)
 
 
 def format_step(m: dict) -> str:

@@ -10,19 +10,21 @@ is) stops the resume unless forced.
 """
 
 from dataclasses import dataclass
-import json
 from pathlib import Path
 import shutil
 import tomllib
 
 import mlx.core as mx
 
-from mlx_grpo.run.checkpoint import latest_checkpoint, list_checkpoints, load_optimizer_state
 from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
+from mlx_grpo.run.checkpoint import load_optimizer_state
+from mlx_grpo.run.layout import (
+    ADAPTER_WEIGHTS, CONFIG, RUN_FILES, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
+    read_trainer_state,
+)
 
 MAY_DIFFER = ("training.max_steps", "logging", "checkpoint.resume", "output_dir")
-RUN_FILES = ("config.toml", "metrics.jsonl", "completions.jsonl", "checkpoints")
 
 
 @dataclass
@@ -32,6 +34,12 @@ class ResumePoint:
     data_position: int
     bad_steps: int
     rng: dict
+
+    @classmethod
+    def read(cls, checkpoint: Path) -> "ResumePoint":
+        """The state a checkpoint folder holds, from its trainer_state.json."""
+        state = read_trainer_state(checkpoint)
+        return cls(checkpoint, state["step"], state["data_position"], state["bad_steps"], state["rng"])
 
 
 def _flat(table: dict, prefix: str = "") -> dict:
@@ -91,20 +99,19 @@ def open_run(cfg, *, overwrite: bool = False, force: bool = False) -> ResumePoin
             )
         return None
     ckpt = latest_checkpoint(out)
-    config_file = ckpt / "config.toml" if ckpt else out / "config.toml"
+    config_file = (ckpt or out) / CONFIG
     if config_file.exists():
         _check_same_run(cfg, config_file, force)
     if ckpt is None:
         print(f"mlx-grpo: no complete checkpoint in {out}; starting from step 1")
         return None
-    state = json.loads((ckpt / "trainer_state.json").read_text())
-    return ResumePoint(ckpt, state["step"], state["data_position"], state.get("bad_steps", 0), state["rng"])
+    return ResumePoint.read(ckpt)
 
 
 def restore_training_state(point: ResumePoint, model, optimizer, lora: bool) -> None:
     """Load the checkpoint's trainable weights and optimizer state into model and optimizer."""
     if lora:
-        weights = mx.load(str(point.checkpoint / "adapters.safetensors"))
+        weights = mx.load(str(point.checkpoint / ADAPTER_WEIGHTS))
         model.load_weights(list(weights.items()), strict=False)
     else:
         weights = {}
@@ -113,3 +120,24 @@ def restore_training_state(point: ResumePoint, model, optimizer, lora: bool) -> 
         model.load_weights(list(weights.items()), strict=True)
     optimizer.state = load_optimizer_state(point.checkpoint)
     mx.eval(model.parameters(), optimizer.state)
+
+
+def share_resume_point(start: ResumePoint | None, output_dir, world) -> ResumePoint | None:
+    """Rank 0's decision (fresh or the step to resume) on every rank.
+
+    Rank 0 alone inspects and may clear the run folder (`open_run`); the others wait here,
+    then read the same checkpoint from their own copy of the folder (the same path on every
+    machine: a shared folder, or one copied there before resuming).
+    """
+    if world.size == 1:
+        return start
+    step = int(world.sum([float(start.step) if start is not None else 0.0])[0])
+    if world.is_main or step == 0:
+        return start
+    ckpt = checkpoint_dir(output_dir, step)
+    if not (ckpt / TRAINER_STATE).exists():
+        raise TrainingError(
+            f"rank {world.rank}: resuming from step {step} needs {ckpt} on this machine too; "
+            "copy the run folder to the same path on every machine"
+        )
+    return ResumePoint.read(ckpt)

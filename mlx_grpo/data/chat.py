@@ -7,12 +7,7 @@ gets plain text: training's `User: ...\nAssistant:` (`plain_prompt`), while gene
 join the messages' contents as they are, as before (a base model continues raw text).
 """
 
-# The R1-style format that the xml_format and gsm8k_correctness rewards look for.
-DEFAULT_SYSTEM_PROMPT = (
-    "Respond in the following format:\n"
-    "<reasoning>\n...\n</reasoning>\n"
-    "<answer>\n...\n</answer>"
-)
+from mlx_grpo.config.sections import DEFAULT_SYSTEM_PROMPT  # noqa: F401 (the data.system_prompt default)
 
 
 def has_chat_template(tokenizer) -> bool:

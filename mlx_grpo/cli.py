@@ -32,8 +32,8 @@ def _train(sub):
 
     def run(args):
         from mlx_grpo.config import load_config
-        from mlx_grpo.stopping import RunStopped
-        from mlx_grpo.train import train
+        from mlx_grpo.run.stopping import RunStopped
+        from mlx_grpo.commands.train import train
 
         cfg = load_config(args.config, args.overrides)
         cfg.checkpoint.resume = cfg.checkpoint.resume or args.resume
@@ -55,7 +55,7 @@ def _report(sub):
     sub.add_argument("--out", metavar="FILE", help="FILE.png or FILE.html (default: report.html in the run folder)")
 
     def run(args):
-        from mlx_grpo.report import write_report
+        from mlx_grpo.commands.report import write_report
 
         print(f"mlx-grpo report: wrote {write_report(args.runs, args.out)}")
 
@@ -75,8 +75,8 @@ def _sweep(sub):
     sub.add_argument("--overwrite", action="store_true", help="replace runs of an earlier sweep")
 
     def run(args):
-        from mlx_grpo.report import ReportError, write_report
-        from mlx_grpo.sweep import results_table, run_sweep
+        from mlx_grpo.commands.report import ReportError, write_report
+        from mlx_grpo.commands.sweep import results_table, run_sweep
 
         results = run_sweep(args.config, args.vary, steps=args.steps, grid=args.grid, overrides=args.overrides,
                             overwrite=args.overwrite)
@@ -135,7 +135,7 @@ def _sampling_args(sub, max_tokens=256):
 
 @command("convert", "convert a Hugging Face model (hub id or local folder) to an MLX folder")
 def _convert(sub):
-    from mlx_grpo.convert import DTYPES
+    from mlx_grpo.models.convert import DTYPES
 
     sub.add_argument("--hf-path", required=True, metavar="ID_OR_DIR")
     sub.add_argument("--mlx-path", required=True, metavar="DIR")
@@ -147,7 +147,7 @@ def _convert(sub):
     sub.add_argument("--trust-remote-code", action="store_true")
 
     def run(args):
-        from mlx_grpo.convert import main
+        from mlx_grpo.models.convert import main
 
         main(args)
 
@@ -163,7 +163,7 @@ def _export(sub):
     sub.add_argument("--force", action="store_true", help="replace a non-empty --out")
 
     def run(args):
-        from mlx_grpo.export import main
+        from mlx_grpo.models.export import main
 
         main(args)
 
@@ -178,7 +178,7 @@ def _generate(sub):
     sub.add_argument("--no-stream", dest="stream", action="store_false", help="print the answer at the end")
 
     def run(args):
-        from mlx_grpo.generate import main
+        from mlx_grpo.commands.generate import main
 
         main(args)
 
@@ -191,7 +191,7 @@ def _chat(sub):
     _sampling_args(sub)
 
     def run(args):
-        from mlx_grpo.chat import main
+        from mlx_grpo.commands.chat import main
 
         main(args)
 
@@ -213,7 +213,7 @@ def _eval(sub):
                      help="results JSON (default: the run folder, else ./eval_<split>.json)")
 
     def run(args):
-        from mlx_grpo.evaluate import main
+        from mlx_grpo.commands.evaluate import main
 
         main(args)
 
@@ -222,12 +222,12 @@ def _eval(sub):
 
 @command("bench", "seconds per step against MLX's own limit on the same work (see scripts/bench.py)")
 def _bench(sub):
-    from mlx_grpo.bench import add_arguments
+    from mlx_grpo.commands.bench import add_arguments
 
     add_arguments(sub)
 
     def run(args):
-        from mlx_grpo.bench import main
+        from mlx_grpo.commands.bench import main
 
         main(args)
 
@@ -256,11 +256,11 @@ def main(argv=None):
     if args.command is None:
         parser.print_help()
         return 0
-    from mlx_grpo.errors import USER_ERRORS
+    from mlx_grpo.errors import UserError
 
     try:
         code = runners[args.command](args)
-    except USER_ERRORS as e:
+    except (UserError, OSError) as e:  # OSError: a full disk or a missing permission; it names the file
         print(f"mlx-grpo: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:

@@ -16,7 +16,6 @@ all-reduce per update, plus a few scalars and the step's rewards and lengths.
 """
 
 from dataclasses import dataclass
-import json
 import os
 
 import mlx.core as mx
@@ -24,9 +23,7 @@ from mlx.nn.utils import average_gradients
 from mlx.utils import tree_flatten, tree_map
 import numpy as np
 
-from mlx_grpo.checkpoint import checkpoint_dir
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.resume import ResumePoint
 
 
 @dataclass(frozen=True)
@@ -133,29 +130,6 @@ def sampling_seed(seed: int, rank: int, step: int = 0) -> int:
     if rank == 0:
         return seed
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
-
-
-def share_resume_point(start: ResumePoint | None, output_dir, world: World) -> ResumePoint | None:
-    """Rank 0's decision (fresh or the step to resume) on every rank.
-
-    Rank 0 alone inspects and may clear the run folder (`open_run`); the others wait here,
-    then read the same checkpoint from their own copy of the folder (the same path on every
-    machine: a shared folder, or one copied there before resuming).
-    """
-    if world.size == 1:
-        return start
-    step = int(world.sum([float(start.step) if start is not None else 0.0])[0])
-    if world.is_main or step == 0:
-        return start
-    ckpt = checkpoint_dir(output_dir, step)
-    state_file = ckpt / "trainer_state.json"
-    if not state_file.exists():
-        raise TrainingError(
-            f"rank {world.rank}: resuming from step {step} needs {ckpt} on this machine too; "
-            "copy the run folder to the same path on every machine"
-        )
-    state = json.loads(state_file.read_text())
-    return ResumePoint(ckpt, step, state["data_position"], state.get("bad_steps", 0), state["rng"])
 
 
 def allreduce_bytes(model) -> int:

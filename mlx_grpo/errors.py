@@ -1,12 +1,16 @@
-"""The errors that mean "the input is wrong", which the CLI prints as one line."""
+"""What "the input is wrong" means, so that the CLI can print it as one line.
 
-from mlx_grpo.config import ConfigError
-from mlx_grpo.data import DataError
-from mlx_grpo.report import ReportError
-from mlx_grpo.rewards import RewardError
+Each stage owns its own error type (ConfigError in config, DataError in data, RewardError in
+rewards, ReportError in report) and makes it a `UserError`; the CLI catches that base alone,
+so this module imports nothing and nothing is pulled in to build a list of errors.
+"""
 
 
-class TrainingError(RuntimeError):
+class UserError(Exception):
+    """A wrong setting, file or model: the message names it, and the CLI prints it as one line."""
+
+
+class TrainingError(UserError, RuntimeError):
     """The run cannot go on; the message says why and where."""
 
 
@@ -18,11 +22,5 @@ class NonFiniteError(TrainingError):
         super().__init__(f"non-finite {metric} ({value}); the update was not applied")
 
 
-class ModelError(ValueError):
+class ModelError(UserError, ValueError):
     """A model folder or setting that cannot be loaded as configured."""
-
-
-# OSError: a full disk or a missing permission is the machine's state, not a bug; its
-# message names the file.
-
-USER_ERRORS = (ConfigError, DataError, RewardError, ReportError, TrainingError, ModelError, OSError)

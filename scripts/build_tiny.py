@@ -20,9 +20,9 @@ from pathlib import Path
 
 import mlx_lm
 
-from mlx_grpo import tiny_recipe
-from mlx_grpo.builtin_models import SHIPPED, write_manifest
-from mlx_grpo.data import load_rows
+from mlx_grpo.models import tiny_recipe
+from mlx_grpo.models.builtin import SHIPPED, write_manifest
+from mlx_grpo.data.load import load_rows
 
 
 def main(argv=None) -> int:

@@ -14,8 +14,8 @@ import numpy as np
 from mlx.utils import tree_flatten
 
 from mlx_grpo.config import load_config
-from mlx_grpo.loss import token_logprobs
-from mlx_grpo.train import build_policy
+from mlx_grpo.algorithm.loss import token_logprobs
+from mlx_grpo.commands.setup import build_policy
 
 LENGTH, COMPLETION = 128, 64
 

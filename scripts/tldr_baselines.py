@@ -16,7 +16,7 @@ from pathlib import Path
 
 from mlx_grpo.config import load_config
 from mlx_grpo.rewards import REWARDS
-from mlx_grpo.summary_rewards import split_sentences
+from mlx_grpo.rewards.summary import split_sentences
 
 REPO = Path(__file__).resolve().parent.parent
 

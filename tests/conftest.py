@@ -23,7 +23,7 @@ def random_qwen2():
 @pytest.fixture(scope="session")
 def tiny_path():
     """The built-in warm-started tiny model, as shipped in the package."""
-    from mlx_grpo.builtin_models import builtin_model_path
+    from mlx_grpo.models.builtin import builtin_model_path
 
     return str(builtin_model_path("tiny"))
 
@@ -39,7 +39,7 @@ def tiny(tiny_path):
 def lora_run(tmp_path_factory):
     """A LoRA run of two GRPO steps on builtin:tiny, shared by the tests of trained models."""
     from mlx_grpo.config import load_config
-    from mlx_grpo.train import train
+    from mlx_grpo.commands.train import train
 
     out = tmp_path_factory.mktemp("lora_run") / "run"
     cfg = load_config("configs/smoke_test.toml", [

@@ -20,10 +20,11 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.config import load_config
 from mlx_grpo.distributed import SINGLE, init_world, local_share, sync_parameters
-from mlx_grpo.model import load_base
-from mlx_grpo.rollout import Rollout
+from mlx_grpo.models.load import load_base
+from mlx_grpo.rollout.sample import Rollout
 from mlx_grpo.rng import seed_everything
-from mlx_grpo.train import build_policy, optimize
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.update.step import optimize
 
 G = 4
 BASE = ["model.path=\"builtin:tiny\"", f"generation.num_generations={G}", "generation.max_new_tokens=16",

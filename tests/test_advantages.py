@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.advantages import group_advantages, group_stats
+from mlx_grpo.algorithm.advantages import group_advantages, group_stats
 
 
 def test_group_scale_hand_computed():
@@ -61,7 +61,7 @@ def test_float_noise_is_no_spread():
     TRL's isclose(std, 0) (tolerance 1e-8) calls zero. Before, only exactly equal rewards
     counted: that group got advantages of about 3.7e-13, counted as having spread and was
     kept by dynamic sampling."""
-    from mlx_grpo.dynamic_sampling import groups_with_spread
+    from mlx_grpo.algorithm.dynamic_sampling import groups_with_spread
 
     noise = 0.1 + 0.2 - 0.3
     assert noise != 0.0

@@ -4,6 +4,7 @@ The tiny model comes from conftest's `tiny_path` / `tiny` fixtures: the files sh
 package. builtin:small is built into a temporary cache, and must be the same bytes everywhere.
 """
 
+import hashlib
 import json
 import random
 import re
@@ -18,10 +19,23 @@ from mlx_lm import generate, load
 from mlx_lm.generate import batch_generate
 from mlx_lm.sample_utils import make_sampler
 
-from mlx_grpo import arithmetic, builtin_models
-from mlx_grpo.builtin_models import builtin_model_path
+from mlx_grpo.data import arithmetic
+from mlx_grpo.models import builtin as builtin_models
+from mlx_grpo.models.builtin import builtin_model_path
 from mlx_grpo.errors import ModelError
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
+
+
+def weights_digest(folder: Path) -> str:
+    """SHA-256 over the names and raw float32 bytes of a model folder's tensors, sorted (a test
+    helper: the package itself never needed it)."""
+    h = hashlib.sha256()
+    for f in sorted(folder.glob("model*.safetensors")):
+        for name, array in sorted(mx.load(str(f)).items()):
+            h.update(name.encode())
+            h.update(np.array(array.astype(mx.float32)).tobytes())
+    return h.hexdigest()
+
 
 QUESTION = re.compile(r"What is (\d) ([+-]) (\d)(?: ([+-]) (\d))?\?")
 ANSWER = re.compile(r"<answer>\n(.*?)\n</answer>")
@@ -125,7 +139,7 @@ def test_small_is_the_same_bytes_on_every_machine(tmp_path, monkeypatch):
     monkeypatch.setenv("MLX_GRPO_CACHE", str(tmp_path))
     path = builtin_model_path("small")
     assert path.parent == tmp_path and path.name.startswith("small-")
-    assert builtin_models.weights_digest(path) == SMALL_DIGEST
+    assert weights_digest(path) == SMALL_DIGEST
     assert builtin_model_path("small") == path  # the second call reuses the folder
     assert [p.name for p in tmp_path.iterdir()] == [path.name]  # no temporary folder left behind
     model, tokenizer = load(str(path))
@@ -246,7 +260,7 @@ def test_tiny_mixes_styles_and_steps_are_more_often_right(tiny):
 
 def test_the_recipe_rebuilds_the_shipped_tokenizer_and_a_loadable_model(tmp_path):
     # The warm start's weights depend on the machine's float rounding; the tokenizer does not.
-    from mlx_grpo import tiny_recipe
+    from mlx_grpo.models import tiny_recipe
 
     short = {**tiny_recipe.WARM_START, "steps": 3, "warmup": 1}
     tiny_recipe.build(tmp_path, short)
@@ -260,7 +274,7 @@ def test_the_recipe_rebuilds_the_shipped_tokenizer_and_a_loadable_model(tmp_path
 
 
 def test_worked_steps_are_likelier_for_larger_first_operands():
-    from mlx_grpo.tiny_recipe import stepwise_probability
+    from mlx_grpo.models.tiny_recipe import stepwise_probability
 
     assert stepwise_probability("What is 0 + 3 - 1?", 0.1, 0.9) == pytest.approx(0.1)
     assert stepwise_probability("What is 9 - 3 + 1?", 0.1, 0.9) == pytest.approx(0.9)

@@ -16,7 +16,7 @@ from mlx_grpo.config import (
     load_config,
     save_config,
 )
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 
 PROFILES = sorted((Path(__file__).parent.parent / "configs").glob("*.toml"))
 

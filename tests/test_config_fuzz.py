@@ -33,12 +33,12 @@ class Accepted(Exception):
 
 @pytest.fixture(autouse=True)
 def no_training(monkeypatch):
-    import mlx_grpo.train
+    import mlx_grpo.commands.train
 
     def accepted(cfg, *args, **kwargs):
         raise Accepted(cfg)
 
-    monkeypatch.setattr(mlx_grpo.train, "train", accepted)
+    monkeypatch.setattr(mlx_grpo.commands.train, "train", accepted)
 
 
 def _fields(cls=Config, prefix=""):

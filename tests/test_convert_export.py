@@ -17,8 +17,8 @@ import pytest
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import ModelError
-from mlx_grpo.model_spec import load_model
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.models.named import load_model
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 
 X = mx.array([[5, 17, 42, 99, 3]])
 
@@ -81,7 +81,7 @@ def test_export_lora_run_is_a_standalone_mlx_lm_model(lora_run, tmp_path):
 
 
 def test_export_qlora_keeps_or_drops_quantization(tmp_path):
-    from mlx_grpo.train import train
+    from mlx_grpo.commands.train import train
 
     cfg = load_config("configs/smoke_test.toml", [
         "training.max_steps=1", "training.prompts_per_step=2", "generation.max_new_tokens=16",

@@ -18,8 +18,8 @@ from mlx_grpo.distributed import (
     SINGLE, World, allreduce_bytes, check_world, init_world, local_share, sampling_seed,
 )
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.log import read_metrics
-from mlx_grpo.train import build_policy
+from mlx_grpo.run.log import read_metrics
+from mlx_grpo.commands.setup import build_policy
 
 import distributed_worker
 

@@ -2,10 +2,9 @@
 
 import pytest
 
-from mlx_grpo.dynamic_sampling import (
-    ScoredRollout, accumulation_parts, concat, fill_groups, groups_with_spread, take_groups,
-)
-from mlx_grpo.rollout import Rollout
+from mlx_grpo.algorithm.dynamic_sampling import accumulation_parts, fill_groups, groups_with_spread
+from mlx_grpo.rollout.score import ScoredRollout, concat, take_groups
+from mlx_grpo.rollout.sample import Rollout
 
 
 def _batch(rewards, group_size=3, tag=""):
@@ -80,7 +79,7 @@ def test_step_metrics_use_the_configured_reward_scale():
     """The trainer's step metrics pass grpo.scale_rewards to group_stats: with "batch",
     frac_reward_zero_std says whether the whole step has spread (here it has: 0.0), while
     "group" counts the flat group [5, 5, 5] (0.5). reward_std is the std of all six either way."""
-    from mlx_grpo.train import rollout_metrics
+    from mlx_grpo.rollout.score import rollout_metrics
 
     drawn = _batch([1.0, 0.0, 0.0, 5.0, 5.0, 5.0])
     group, batch = rollout_metrics(drawn, "group"), rollout_metrics(drawn, "batch")

@@ -9,13 +9,13 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.evaluate import (
+from mlx_grpo.commands.evaluate import (
     EvalSettings, evaluate, format_table, is_gsm8k_style, load_eval_examples, make_training_eval, number_metrics,
     rouge_metrics,
 )
-from mlx_grpo.log import read_metrics
+from mlx_grpo.run.log import read_metrics
 from mlx_grpo.rewards import RewardSet
-from mlx_grpo.train import train
+from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
 TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
@@ -124,7 +124,7 @@ def test_eval_refuses_a_split_the_data_does_not_have(tmp_path, capsys):
 def test_eval_split_chooses_the_held_out_rows(tiny, tmp_path):
     """[eval] split picks the split that evaluation during training scores: 2 test questions
     or 3 dev questions; a split the data does not have stops before training starts."""
-    from mlx_grpo.data import DataError
+    from mlx_grpo.data.load import DataError
 
     model, tokenizer = tiny
     files = {}
@@ -206,7 +206,7 @@ def test_eval_temperature_sets_the_spread_of_the_samples(tiny):
 def test_eval_batch_size_and_max_new_tokens_shape_the_decoding(tiny, monkeypatch):
     """eval.batch_size: 5 prompts at 2 a time decode as 2 + 2 + 1 (greedy, then the K = 2
     samples); eval.max_new_tokens caps every completion (0 = generation.max_new_tokens)."""
-    import mlx_grpo.evaluate as evaluate_module
+    import mlx_grpo.commands.evaluate as evaluate_module
 
     calls, real = [], evaluate_module.generate_completions
 

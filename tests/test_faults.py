@@ -11,14 +11,16 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo import cli
-from mlx_grpo.checkpoint import CheckpointError, list_checkpoints, save_checkpoint
+from mlx_grpo.run.checkpoint import CheckpointError, save_checkpoint
+from mlx_grpo.run.layout import list_checkpoints
 from mlx_grpo.config import DataConfig, ModelConfig, load_config
-from mlx_grpo.data import DataError, load_examples, plain_prompt
+from mlx_grpo.data.chat import plain_prompt
+from mlx_grpo.data.load import DataError, load_examples
 from mlx_grpo.errors import ModelError, TrainingError
-from mlx_grpo.log import read_metrics
-from mlx_grpo.model import check_model_folder, load_base
+from mlx_grpo.run.log import read_metrics
+from mlx_grpo.models.load import check_model_folder, load_base
 from mlx_grpo.rewards import RewardError, RewardSet
-from mlx_grpo.train import train
+from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
 
@@ -30,7 +32,7 @@ def _cfg(out, *extra):
 
 
 def test_nan_steps_are_skipped_up_to_max_bad_steps_then_stop_naming_step_metric_checkpoint(tmp_path, monkeypatch, capsys):
-    import mlx_grpo.train as train_mod
+    import mlx_grpo.update.step as train_mod
 
     real, calls = train_mod.grpo_loss, []
 
@@ -94,7 +96,7 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypa
 
 
 def test_a_full_disk_outside_checkpoints_is_one_line_too(tmp_path, monkeypatch, capsys):
-    import mlx_grpo.train as train_mod
+    import mlx_grpo.commands.train as train_mod
 
     def full(cfg, path):
         raise OSError(errno.ENOSPC, "No space left on device", str(path))
@@ -174,7 +176,7 @@ def test_model_folders_without_tokenizer_or_safetensors_are_refused(tmp_path, ti
 
 
 def test_trust_remote_code_is_off_unless_set(monkeypatch, tiny_path):
-    import mlx_grpo.model as model_mod
+    import mlx_grpo.models.load as model_mod
 
     seen = []
     real = model_mod.mlx_lm.load

@@ -10,11 +10,12 @@ import time
 import mlx_lm
 import pytest
 
-from mlx_grpo.chat import ChatSession, chat_loop
+from mlx_grpo.commands.chat import ChatSession, chat_loop
 from mlx_grpo.cli import main
-from mlx_grpo.generate import conversation, generate_answer, render_messages, stream_answer
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
-from mlx_grpo.rollout import make_rollout_sampler
+from mlx_grpo.commands.generate import generate_answer, stream_answer
+from mlx_grpo.data.chat import conversation, render_messages
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.rollout.sample import make_rollout_sampler
 
 GREEDY = make_rollout_sampler(0.0, 1.0, 0, 0.0)
 QUESTION = "What is 2 + 3?"

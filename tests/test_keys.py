@@ -11,8 +11,9 @@ import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
 from mlx_grpo.config import load_config
-from mlx_grpo.log import read_metrics
-from mlx_grpo.train import build_policy, train
+from mlx_grpo.run.log import read_metrics
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
 # Every optimizer key the tests read is set here, so a change of defaults does not move them.

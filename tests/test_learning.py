@@ -13,7 +13,7 @@ import json
 import numpy as np
 
 from mlx_grpo import cli
-from mlx_grpo.log import read_metrics
+from mlx_grpo.run.log import read_metrics
 
 SMOKE = "configs/smoke_test.toml"
 BASE_ACCURACY = BASE_ACCURACY_PLACEHOLDER  # the shipped model, greedy, on the 200 held-out questions

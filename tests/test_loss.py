@@ -4,7 +4,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.loss import completion_logprobs, grpo_loss, pack_sequences, token_logprobs
+from mlx_grpo.algorithm.loss import completion_logprobs, grpo_loss, pack_sequences, token_logprobs
 
 KW = dict(beta=0.0, epsilon=0.2, epsilon_high=0.2, max_completion_length=4)
 

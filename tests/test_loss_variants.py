@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from mlx_grpo.loss import grpo_loss, high_entropy_mask, pack_sequences, token_logprobs, token_logprobs_and_entropies
+from mlx_grpo.algorithm.loss import grpo_loss, high_entropy_mask, pack_sequences, token_logprobs, token_logprobs_and_entropies
 
 KW = dict(beta=0.0, epsilon=0.2, epsilon_high=0.2, max_completion_length=3)
 

@@ -5,7 +5,7 @@ import mlx.nn as nn
 import pytest
 
 from mlx_grpo.config import ConfigError, load_config
-from mlx_grpo.train import make_lr_schedule, make_optimizer
+from mlx_grpo.update.optimizer import make_lr_schedule, make_optimizer
 
 
 def _training(*overrides):

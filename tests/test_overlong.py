@@ -2,7 +2,7 @@
 
 import pytest
 
-from mlx_grpo.overlong import overlong_penalty
+from mlx_grpo.algorithm.overlong import overlong_penalty
 
 
 def test_overlong_penalty_hand_computed():

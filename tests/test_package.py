@@ -11,7 +11,7 @@ def test_every_public_function_and_class_is_used():
     """Each public top-level function or class of mlx_grpo is used somewhere in the package or
     its scripts, or named in the README as public API; tests alone do not count.
     `evaluate_rewards` and `model.count_parameters` were dead and failed this."""
-    modules = sorted((REPO / "mlx_grpo").glob("*.py"))
+    modules = sorted((REPO / "mlx_grpo").rglob("*.py"))
     texts = [p.read_text() for p in [*modules, *(REPO / "scripts").glob("*.py"), REPO / "README.md"]]
     unused = []
     for path in modules:

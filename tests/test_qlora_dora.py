@@ -12,7 +12,8 @@ from mlx_lm.tuner.dora import DoRALinear
 from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.rng import seed_everything
-from mlx_grpo.train import build_policy, train
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
 ONE_STEP = ["training.max_steps=1", "training.prompts_per_step=2", "generation.max_new_tokens=24",

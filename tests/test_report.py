@@ -9,9 +9,9 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.log import read_jsonl, read_metrics
-from mlx_grpo.report import ReportError, panel_keys, run_summary, smooth, write_report
-from mlx_grpo.train import train
+from mlx_grpo.run.log import read_jsonl, read_metrics
+from mlx_grpo.commands.report import ReportError, panel_keys, run_summary, smooth, write_report
+from mlx_grpo.commands.train import train
 
 pytest.importorskip("matplotlib")  # CI installs the plot extra (.ci/run)
 

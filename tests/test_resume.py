@@ -16,10 +16,10 @@ import pytest
 from mlx_grpo import cli
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.log import read_metrics, truncate_jsonl
-from mlx_grpo.resume import config_differences, open_run
+from mlx_grpo.run.log import read_metrics, truncate_jsonl
+from mlx_grpo.run.resume import config_differences, open_run
 from mlx_grpo.rng import capture_rng, restore_rng
-from mlx_grpo.train import train
+from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
 RUN = ["training.prompts_per_step=2", "generation.max_new_tokens=16", "training.learning_rate=1e-3",
@@ -91,7 +91,7 @@ def test_sigkill_after_a_checkpoint_then_resume_equals_uninterrupted_run(tmp_pat
 @pytest.fixture
 def signal_at_step(monkeypatch):
     """Send `signum` to this process while step `at` is generating."""
-    import mlx_grpo.train as train_mod
+    import mlx_grpo.rollout.score as train_mod
 
     real = train_mod.generate_completions
 
@@ -147,7 +147,7 @@ def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsy
 def test_second_ctrl_c_ends_the_process_at_once(tmp_path):
     script = (
         "import sys, time\n"
-        "from mlx_grpo.stopping import StopRequest\n"
+        "from mlx_grpo.run.stopping import StopRequest\n"
         "with StopRequest() as stop:\n"
         "    print('ready', flush=True)\n"
         "    while True: time.sleep(0.01)\n"  # a step that never ends
@@ -212,7 +212,7 @@ def test_readme_names_exactly_what_overwrite_deletes():
     files while four are deleted: completions.jsonl was missing)."""
     from pathlib import Path
 
-    from mlx_grpo.resume import RUN_FILES
+    from mlx_grpo.run.layout import RUN_FILES
 
     readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
     paragraph = readme[readme.index("- An `output_dir` holding a run"):].split("\n- ", 1)[0]
@@ -247,8 +247,8 @@ def test_truncate_jsonl_drops_later_rows_and_a_cut_line(tmp_path):
 
 
 def test_a_sweep_refuses_an_earlier_sweeps_run_unless_overwrite(tmp_path, monkeypatch):
-    import mlx_grpo.train as train_mod
-    from mlx_grpo.sweep import run_sweep
+    import mlx_grpo.commands.train as train_mod
+    from mlx_grpo.commands.sweep import run_sweep
 
     variant = tmp_path / "sweep" / "grpo.beta=0"
     _fake_run(variant, load_config(SMOKE, [f'output_dir="{variant}"']))

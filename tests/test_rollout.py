@@ -1,8 +1,8 @@
 import mlx.core as mx
 
-from mlx_grpo.data import render_prompt
-from mlx_grpo.prompts import DEFAULT_SYSTEM_PROMPT
-from mlx_grpo.rollout import generate_completions, make_rollout_sampler
+from mlx_grpo.data.chat import render_prompt
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
 
 def _prompts(tokenizer, questions):

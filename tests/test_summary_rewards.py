@@ -3,7 +3,7 @@
 import pytest
 
 from mlx_grpo.rewards import REWARDS, RewardSet, resolve_reward
-from mlx_grpo.summary_rewards import (
+from mlx_grpo.rewards.summary import (
     checked_words,
     coverage,
     faithfulness,

@@ -6,11 +6,11 @@ import tomllib
 
 import pytest
 
-import mlx_grpo.sweep
+import mlx_grpo.commands.sweep
 from mlx_grpo.cli import main
 from mlx_grpo.config import ConfigError
-from mlx_grpo.log import read_metrics
-from mlx_grpo.sweep import folder_name, make_variants, plan, results_table, split_values
+from mlx_grpo.run.log import read_metrics
+from mlx_grpo.commands.sweep import folder_name, make_variants, plan, results_table, split_values
 
 SMOKE = "configs/smoke_test.toml"
 
@@ -89,7 +89,7 @@ def test_sweep_without_matplotlib_still_tabulates(tmp_path, capsys, monkeypatch)
     (tmp_path / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.25}) + "\n")
     row = {"name": "grpo.beta=0", "dir": str(tmp_path), "final_reward": 0.25, "best_reward": 0.25, "best_step": 1,
            "eval": {}, "kl": None, "wall_time_s": 1.0, "peak_memory_gb": None}
-    monkeypatch.setattr(mlx_grpo.sweep, "run_sweep", lambda *a, **k: [row])
+    monkeypatch.setattr(mlx_grpo.commands.sweep, "run_sweep", lambda *a, **k: [row])
     monkeypatch.setitem(sys.modules, "matplotlib", None)
     assert main(["sweep", "--config", SMOKE, "--vary", "grpo.beta=0"]) == 0
     captured = capsys.readouterr()

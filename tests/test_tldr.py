@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from mlx_grpo.config import load_config
-from mlx_grpo.data import load_examples, load_rows
+from mlx_grpo.data.load import load_examples, load_rows
 from mlx_grpo.rewards import REWARDS, RewardSet, extract_reference_number, gsm8k_correctness
 
 REPO = Path(__file__).parent.parent
@@ -225,8 +225,8 @@ def test_one_grpo_step_with_the_profile(tmp_path, rows):
     """The profile's fields, prompt and rewards through the real loop, on the tiny model. The
     posts are cut to their first three sentences: full posts are ~1,100 tiny-tokenizer tokens,
     which makes a CPU step take a minute."""
-    from mlx_grpo.log import read_metrics
-    from mlx_grpo.train import train
+    from mlx_grpo.run.log import read_metrics
+    from mlx_grpo.commands.train import train
 
     data = tmp_path / "short.jsonl"
     data.write_text("".join(json.dumps({**r, "post": lead}) + "\n"

@@ -9,8 +9,9 @@ import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo.config import load_config
-from mlx_grpo.log import read_metrics
-from mlx_grpo.train import build_policy, train
+from mlx_grpo.run.log import read_metrics
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
 FAST = ["training.max_steps=2", "training.prompts_per_step=2", "generation.max_new_tokens=32",

@@ -6,12 +6,14 @@ import numpy as np
 import pytest
 from mlx.utils import tree_flatten, tree_unflatten
 
-from mlx_grpo.compiled_step import make_grad_fn
+from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.config import load_config
-from mlx_grpo.loss import LOSS_TYPES
-from mlx_grpo.rollout import Rollout
-from mlx_grpo.model import checkpoint_layers
-from mlx_grpo.train import build_policy, make_loss_fn, prepare_batches, update
+from mlx_grpo.algorithm.loss import LOSS_TYPES
+from mlx_grpo.rollout.sample import Rollout
+from mlx_grpo.models.load import checkpoint_layers
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.update.batches import prepare_batches
+from mlx_grpo.update.step import make_loss_fn, update
 
 
 def _rollout():
@@ -142,8 +144,8 @@ def test_first_of_several_updates_has_ratio_one_under_lora_dropout(random_qwen2)
     (dropout-free) pass while logp was computed with dropout, so the first update already
     clipped tokens; the second update, against the stored old_logp, still does here."""
     from mlx_grpo.config import LoraConfig
-    from mlx_grpo.model import add_adapters
-    from mlx_grpo.train import run_updates
+    from mlx_grpo.models.load import add_adapters
+    from mlx_grpo.update.step import run_updates
 
     model = random_qwen2
     add_adapters(model, LoraConfig(rank=4, dropout=0.5))

@@ -6,7 +6,7 @@ import random
 import pytest
 
 from mlx_grpo.config import ConfigError, load_config
-from mlx_grpo.watch import RunWatcher, trend_t
+from mlx_grpo.run.watch import RunWatcher, trend_t
 
 
 def healthy(steps=300, seed=0, plateau=False):

@@ -1,0 +1,238 @@
+"""Token log-probs of sampled completions and the clipped GRPO objective.
+
+For completion i and token t, with ratio r and advantage A_i:
+
+    L[i,t] = -min(r * A_i, clip(r, 1 - eps, 1 + eps_high) * A_i) * keep[i,t] + beta * KL[i,t] * r
+    KL[i,t] = exp(ref_logp - logp) - (ref_logp - logp) - 1          (k3 estimator)
+    r[i,t] = exp(logp[i,t] - old_logp[i,t])                          (token level, GRPO)
+    r[i]   = exp(sum_t m (logp - old_logp) / sum_t m)                 (sequence level, GSPO)
+
+The factor r on the KL term is the importance-sampling correction of the KL estimate
+(DeepSeek-V3.2; TRL's use_bias_correction_kl, on by default in TRL 1.16, always on here): 1 in
+value on-policy, it only changes the gradient. Under GSPO it is the sequence ratio r[i], so
+each token's KL reaches the gradient of every token of its completion, as in TRL
+(per_token_kl * coef_1, coef_1 of shape (B, 1)). keep is 1, or with top_entropy_quantile = rho < 1 the mask of the
+tokens whose entropy is at least the (1 - rho) quantile of the micro-batch's valid tokens
+(Wang et al. 2025); as in TRL it leaves the KL term and the normalisers alone.
+The token losses are then reduced by one of `AGGREGATIONS`.
+"""
+
+import mlx.core as mx
+import mlx.nn as nn
+
+LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
+IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
+
+# Architectures whose forward is `head(model.model(x))` with nothing in between, so the
+# vocabulary projection can run on completion positions only (a 150k-token vocabulary
+# over the prompt would otherwise dominate memory).
+_PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe"}
+
+
+def _completion_logits(model, inputs: mx.array, positions: mx.array) -> mx.array:
+    """Logits at `positions` [N, T] of the right-padded sequences `inputs` [N, L]."""
+    idx = positions[..., None]
+    if getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES:
+        hidden = mx.take_along_axis(model.model(inputs), idx, axis=1)  # (N, T, D)
+        if hasattr(model, "lm_head"):
+            return model.lm_head(hidden)
+        return model.model.embed_tokens.as_linear(hidden)
+    return mx.take_along_axis(model(inputs), idx, axis=1)  # (N, T, V)
+
+
+def _scaled_logits(model, inputs, positions, temperature: float) -> mx.array:
+    logits = _completion_logits(model, inputs, positions).astype(mx.float32)
+    return logits / temperature if temperature != 1.0 else logits
+
+
+def _gather_logprobs(logits, targets):
+    """(log-probs of targets, logsumexp normaliser), both [N, T]."""
+    lse = mx.logsumexp(logits, axis=-1)
+    picked = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1)
+    return picked - lse, lse
+
+
+def token_logprobs(model, inputs, positions, targets, temperature: float = 1.0) -> mx.array:
+    """log softmax(logits / temperature)[target] at each completion position, [N, T].
+
+    The target is gathered and the normaliser is a logsumexp: about half the memory
+    of a full log_softmax over the vocabulary.
+    """
+    return _gather_logprobs(_scaled_logits(model, inputs, positions, temperature), targets)[0]
+
+
+def token_logprobs_and_entropies(model, inputs, positions, targets, temperature: float = 1.0):
+    """`token_logprobs` and the entropy of each position's distribution, from one forward.
+
+    Entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of the temperature-scaled logits z,
+    [N, T] each. It is a constant (stop_gradient): TRL computes it without gradient too,
+    and it only feeds a metric and the top-entropy mask. The softmax is a transient
+    [N, T, V] array, never kept for the backward pass.
+    """
+    logits = _scaled_logits(model, inputs, positions, temperature)
+    logp, lse = _gather_logprobs(logits, targets)
+    z, norm = mx.stop_gradient(logits), mx.stop_gradient(lse)
+    probs = mx.exp(z - norm[..., None])  # (N, T, V)
+    entropies = norm - (probs * z).sum(-1)
+    return logp, entropies
+
+
+def pack_sequences(prompts, completions, pad_to: int = 1):
+    """Right-padded prompt+completion ids and the index arrays that score the completions.
+
+    Returns (inputs [N, L], positions [N, T], targets [N, T], mask [N, T]) with L and T
+    rounded up to a multiple of `pad_to`. positions[i, t] is the input position whose
+    logits predict completion token t; padding points at position 0 and is masked out.
+    """
+    if len(prompts) != len(completions):
+        raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
+    longest = max(len(c) for c in completions)
+    T = max(1, -(-longest // pad_to) * pad_to)
+    L = max(len(p) + len(c) for p, c in zip(prompts, completions))
+    L = -(-L // pad_to) * pad_to
+    inputs, positions, targets, mask = [], [], [], []
+    for p, c in zip(prompts, completions):
+        if not p:
+            raise ValueError("every prompt needs at least one token")
+        seq = list(p) + list(c)
+        inputs.append(seq + [0] * (L - len(seq)))
+        n = len(c)
+        positions.append([len(p) - 1 + t for t in range(n)] + [0] * (T - n))
+        targets.append(list(c) + [0] * (T - n))
+        mask.append([1.0] * n + [0.0] * (T - n))
+    return mx.array(inputs), mx.array(positions), mx.array(targets), mx.array(mask)
+
+
+def completion_logprobs(model, prompts, completions, temperature: float = 1.0) -> mx.array:
+    """Log-probs [N, T] of each completion's own tokens given its prompt, 0 past its end.
+
+    prompts, completions: N lists of token ids; T is the longest completion.
+    """
+    inputs, positions, targets, mask = pack_sequences(prompts, completions)
+    return token_logprobs(model, inputs, positions, targets, temperature) * mask
+
+
+def _grpo(per_token, mask, num_items, num_sequences, max_len):
+    per_seq = (per_token * mask).sum(-1) / mx.maximum(mask.sum(-1), 1.0)
+    return per_seq.sum() / num_sequences
+
+
+def _bnpo(per_token, mask, num_items, num_sequences, max_len):
+    return (per_token * mask).sum() / mx.maximum(num_items, 1.0)
+
+
+def _dr_grpo(per_token, mask, num_items, num_sequences, max_len):
+    return (per_token * mask).sum() / (num_sequences * max_len)
+
+
+# How the token losses become one number. Each is sum(...) / normaliser so that a batch
+# split into chunks, each given the whole batch's normaliser, sums to the unsplit loss.
+# grpo: mean over sequences of each sequence's token mean (DeepSeekMath).
+# bnpo: token mean over the batch.  dr_grpo: sum / (N * max_new_tokens) (Dr. GRPO).
+# dapo: token sum / tokens of the whole optimizer step (DAPO); same formula as bnpo,
+# but the trainer passes the step's token count.
+AGGREGATIONS = {"grpo": _grpo, "bnpo": _bnpo, "dr_grpo": _dr_grpo, "dapo": _bnpo}
+
+# dapo's normaliser already spans the accumulated micro-batches; the others are
+# per micro-batch and are divided by the accumulation count, as TRL does.
+DIVIDES_BY_ACCUMULATION = {"grpo": True, "bnpo": True, "dr_grpo": True, "dapo": False}
+
+
+def high_entropy_mask(entropies, mask, top_quantile: float) -> mx.array:
+    """1 on valid tokens whose entropy is >= the (1 - top_quantile) quantile, [N, T].
+
+    The quantile is over the valid tokens only, linearly interpolated between order
+    statistics (torch.quantile's default, which TRL uses), so top_quantile = 0.2 keeps
+    about the 20% highest-entropy tokens.
+    """
+    valid = mask > 0
+    n = valid.sum()
+    ordered = mx.sort(mx.where(valid, entropies, mx.inf).reshape(-1))  # valid values first
+    pos = (1.0 - top_quantile) * mx.maximum(n - 1, 0).astype(mx.float32)
+    lo = mx.floor(pos).astype(mx.int32)
+    hi = mx.minimum(lo + 1, mx.maximum(n - 1, 0)).astype(mx.int32)
+    a, b = ordered[lo], ordered[hi]
+    threshold = a + (pos - lo.astype(mx.float32)) * (b - a)
+    return ((entropies >= threshold) & valid).astype(mx.float32)
+
+
+def _importance_ratio(logp, old_logp, mask, level: str) -> mx.array:
+    """exp(log ratio): [N, T] per token, or [N, 1] from each sequence's mean log ratio (GSPO)."""
+    log_ratio = logp - old_logp  # (N, T)
+    if level == "sequence":
+        log_ratio = (log_ratio * mask).sum(-1, keepdims=True) / mx.maximum(mask.sum(-1, keepdims=True), 1.0)
+    return mx.exp(log_ratio)
+
+
+def _masked_mean(x, mask, tokens):
+    """TRL's masked_batch_mean: a token mean, or for [N, 1] sequence values the row mean."""
+    x = x.astype(mx.float32)
+    return x.mean() if x.shape[-1] == 1 else (x * mask).sum() / tokens
+
+
+def grpo_loss(
+    logp,
+    old_logp,
+    ref_logp,
+    advantages,
+    mask,
+    *,
+    beta: float,
+    epsilon: float,
+    epsilon_high: float,
+    loss_type: str,
+    max_completion_length: int,
+    num_items=None,
+    num_sequences=None,
+    importance_sampling_level: str = "token",
+    top_entropy_quantile: float = 1.0,
+    entropies=None,
+):
+    """The clipped GRPO loss of one micro-batch and its metrics (see module docstring).
+
+    logp, old_logp, ref_logp, mask: [N, T]; advantages: [N]. old_logp=None means
+    on-policy (stop_gradient(logp)); ref_logp may be None when beta == 0. num_items is
+    the token count to normalise by (bnpo, dapo; default mask.sum()) and num_sequences
+    the sequence count (grpo, dr_grpo; default N): pass the totals of the whole batch
+    when it is processed in chunks. importance_sampling_level "sequence" is GSPO: one
+    ratio per completion, clipped per completion. entropies [N, T] (optional) is logged
+    as `entropy` and is required when top_entropy_quantile < 1.
+    """
+    if loss_type not in AGGREGATIONS:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(
+            f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
+            f"got {importance_sampling_level!r}"
+        )
+    if top_entropy_quantile < 1.0 and entropies is None:
+        raise ValueError("entropies are required when top_entropy_quantile < 1")
+    if old_logp is None:
+        old_logp = mx.stop_gradient(logp)
+    mask = mask.astype(mx.float32)
+    adv = advantages[:, None]  # (N, 1)
+    ratio = _importance_ratio(logp, old_logp, mask, importance_sampling_level)  # (N, T) or (N, 1)
+    clipped = mx.clip(ratio, 1 - epsilon, 1 + epsilon_high)
+    per_token = -mx.minimum(ratio * adv, clipped * adv) * mx.ones_like(mask)  # (N, T)
+    tokens = mx.maximum(mask.sum(), 1.0)
+    metrics = {}
+    if entropies is not None:
+        metrics["entropy"] = (entropies * mask).sum() / tokens
+        if top_entropy_quantile < 1.0:
+            per_token = per_token * high_entropy_mask(entropies, mask, top_entropy_quantile)
+    if beta != 0.0:
+        if ref_logp is None:
+            raise ValueError("ref_logp is required when beta != 0")
+        delta = ref_logp - logp
+        kl = mx.exp(delta) - delta - 1  # (N, T)
+        per_token = per_token + beta * kl * ratio
+        metrics["kl"] = (kl * mask).sum() / tokens
+    low = (ratio < 1 - epsilon) & (adv < 0)
+    high = (ratio > 1 + epsilon_high) & (adv > 0)
+    metrics["clip_ratio/low_mean"] = _masked_mean(low, mask, tokens)
+    metrics["clip_ratio/high_mean"] = _masked_mean(high, mask, tokens)
+    metrics["clip_ratio/region_mean"] = _masked_mean(low | high, mask, tokens)
+    num_items = mask.sum() if num_items is None else num_items
+    num_sequences = mask.shape[0] if num_sequences is None else num_sequences
+    loss = AGGREGATIONS[loss_type](per_token, mask, num_items, num_sequences, max_completion_length)
+    return loss, metrics

@@ -1,0 +1,233 @@
+"""`mlx-grpo bench`: the trainer's seconds per step against MLX's own limit on the same work.
+
+After a warm-up step (which also traces the compiled gradient), each measured step runs
+the trainer's own functions, timed one by one: rollout (`generate_completions`), rewards,
+reference pass (`prepare_batches`: the no-grad log-probs) and update (`run_updates`).
+Then, on the same model and that step's shapes, the limit:
+
+- generation: mlx-lm's `BatchGenerator` decoding the same P*G sequences with no stop
+  token and each one's `max_tokens` set to the length the trainer sampled, so it makes
+  exactly the same tokens in the same batch; each prompt is prefilled once into a cache
+  that its G sequences share (less work than prefilling P*G prompts, so it stays a lower
+  bound); no Python work per token beyond draining the generator.
+- update: one forward+backward of a plain token log-likelihood over the same padded
+  micro-batches, timed plain and compiled, the faster taken; no optimizer update.
+
+Reported: medians over the measured steps, the ratio step / limit, tokens per second
+and peak memory (MLX's counters). Timings are wall-clock and noisy on a shared machine.
+"""
+
+import json
+import statistics
+import time
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_flatten, tree_map
+from mlx_lm.generate import BatchGenerator
+from mlx_lm.models.cache import make_prompt_cache
+
+from mlx_grpo.commands.setup import make_rewards, setup
+from mlx_grpo.config import ConfigError, load_config
+from mlx_grpo.data.load import PromptStream
+from mlx_grpo.algorithm.loss import token_logprobs
+from mlx_grpo.rng import seed_everything
+from mlx_grpo.rollout.sample import generate_completions
+from mlx_grpo.update.batches import prepare_batches
+from mlx_grpo.update.grad import make_grad_fn
+from mlx_grpo.update.step import COMPILE_STEP, run_updates
+
+SIZES = {"tiny": "builtin:tiny", "small": "builtin:small"}
+GB = 1e9
+
+
+def bench_config(model_path: str, prompts: int, generations: int, max_new_tokens: int, overrides=()):
+    """The trainer's defaults (full fine-tune, beta 0.04) at the benchmark's shapes."""
+    return load_config(None, [
+        f"model.path={json.dumps(model_path)}", f"training.prompts_per_step={prompts}",
+        f"generation.num_generations={generations}", f"generation.max_new_tokens={max_new_tokens}",
+        *overrides,
+    ])
+
+
+class _Bench:
+    """The trainer's own state (`setup`), its prompts and rewards."""
+
+    def __init__(self, cfg):
+        seed_everything(cfg.seed)
+        self.reward_set = make_rewards(cfg)
+        self.tr = setup(cfg, total_updates=1_000_000)
+        self.stream = PromptStream(self.tr.examples, cfg.data.shuffle, cfg.seed)
+        self.prompts = cfg.training.prompts_per_step * cfg.training.gradient_accumulation_steps
+        self.trainable = sum(v.size for _, v in tree_flatten(self.tr.model.trainable_parameters()))
+
+
+def _timed_step(b: _Bench) -> tuple[dict, object, list]:
+    tr, s = b.tr, b.tr.sampling
+    examples = b.stream.take(b.prompts)
+    mx.reset_peak_memory()
+    t0 = time.perf_counter()
+    tr.model.eval()
+    rollout = generate_completions(
+        tr.model, tr.tokenizer, [e.prompt_tokens for e in examples], num_generations=s.num_generations,
+        max_new_tokens=s.max_new_tokens, sampler=tr.sampler, batch_size=s.batch_size,
+    )
+    t1 = time.perf_counter()
+    questions = [e.question for e in examples for _ in range(s.num_generations)]
+    answers = [e.answer for e in examples for _ in range(s.num_generations)]
+    rewards, _ = b.reward_set(questions, rollout.texts, answers)
+    t2 = time.perf_counter()
+    batches = prepare_batches(tr.model, tr.ref_model, rollout, rewards, tr.settings)
+    t3 = time.perf_counter()
+    before_update = mx.get_peak_memory()
+    mx.reset_peak_memory()
+    run_updates(tr.model, tr.optimizer, batches, tr.grad_fn, tr.settings)
+    t4 = time.perf_counter()
+    update_peak = mx.get_peak_memory()
+    return {
+        "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "reference_s": t3 - t2,
+        "update_s": t4 - t3, "completion_tokens": rollout.num_tokens,
+        "scored_tokens": sum(float(x.mask.sum().item()) for x in batches),
+        "peak_memory_gb": max(before_update, update_peak) / GB, "update_peak_memory_gb": update_peak / GB,
+    }, rollout, batches
+
+
+def generation_limit(model, prompts, lengths, group_size: int, sampler, batch_size: int = 0) -> float:
+    """Seconds mlx-lm's BatchGenerator takes to decode exactly `lengths` tokens per sequence.
+
+    prompts: the P distinct prompts; lengths: P*G completion lengths, prompt-major.
+    """
+    n = len(lengths)
+    gen = BatchGenerator(model, max_tokens=max(lengths), stop_tokens=None, sampler=sampler,
+                         completion_batch_size=batch_size or n, prefill_batch_size=min(batch_size or n, 64))
+    made = 0
+    tic = time.perf_counter()
+    try:
+        for i, prompt in enumerate(prompts):
+            cache = make_prompt_cache(model)
+            model(mx.array(prompt[:-1])[None], cache=cache)
+            mx.eval([c.state for c in cache])
+            gen.insert([prompt[-1:]] * group_size, max_tokens=lengths[i * group_size:(i + 1) * group_size],
+                       caches=[cache] * group_size)
+        while responses := gen.next_generated():
+            made += len(responses)
+    finally:
+        gen.close()
+    seconds = time.perf_counter() - tic
+    assert made == sum(lengths), (made, sum(lengths))
+    return seconds
+
+
+def _likelihood(model, b):
+    return -(token_logprobs(model, b.inputs, b.positions, b.targets) * b.mask).sum()
+
+
+def forward_backward_limit(model, batches, grad_fns) -> tuple[list[float], float]:
+    """(seconds of each grad_fn, peak GB) of one forward+backward over `batches`, summing grads."""
+    times, peak = [], 0.0
+    for grad_fn in grad_fns:
+        mx.reset_peak_memory()
+        tic = time.perf_counter()
+        grads = None
+        for b in batches:
+            loss, g = grad_fn(b)
+            grads = g if grads is None else tree_map(mx.add, grads, g)
+            mx.eval(loss, grads)
+        times.append(time.perf_counter() - tic)
+        peak = max(peak, mx.get_peak_memory() / GB)
+        del grads
+    return times, peak
+
+
+def _limit(tr, rollout, batches, fb_fns) -> dict:
+    g = rollout.group_size
+    prompts = rollout.prompt_tokens[::g]
+    lengths = [len(c) for c in rollout.completion_tokens]
+    tr.model.eval()
+    gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.sampling.batch_size)
+    tr.model.train()
+    (plain_s, compiled_s), fb_peak = forward_backward_limit(tr.model, batches, fb_fns)
+    fb_s = min(plain_s, compiled_s)  # the limit is the faster of the two
+    return {"total_s": gen_s + fb_s, "generation_s": gen_s, "forward_backward_s": fb_s,
+            "forward_backward_plain_s": plain_s, "forward_backward_compiled_s": compiled_s,
+            "forward_backward_peak_memory_gb": fb_peak}
+
+
+def run_bench(cfg, steps: int = 5, label: str = "") -> dict:
+    """Warm-up step, then `steps` measured steps each followed by its limit; the report as a dict."""
+    bench = _Bench(cfg)
+    tr = bench.tr
+    plain = nn.value_and_grad(tr.model, _likelihood)
+    fb_fns = [lambda b: plain(tr.model, b), make_grad_fn(tr.model, _likelihood, compiled=True)]
+    rows = []
+    for i in range(steps + 1):
+        step, rollout, batches = _timed_step(bench)
+        limit = _limit(tr, rollout, batches, fb_fns)
+        if i > 0:  # step 0 warms up: first traces, caches, allocator
+            rows.append({"step": step, "limit": limit})
+    med = lambda part, key: statistics.median(r[part][key] for r in rows)
+    step = {k: med("step", k) for k in rows[0]["step"]}
+    limit = {k: med("limit", k) for k in rows[0]["limit"]}
+    return {
+        "model": cfg.model.path, "label": label, "trainable_parameters": bench.trainable,
+        "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
+        "generations": cfg.generation.num_generations, "max_new_tokens": cfg.generation.max_new_tokens,
+        "micro_batch_size": cfg.training.micro_batch_size, "beta": cfg.grpo.beta,
+        "compiled_step": COMPILE_STEP, "measured_steps": steps,
+        "step": step, "limit": limit,
+        "step_over_limit": step["total_s"] / limit["total_s"],
+        "rollout_tokens_per_s": step["completion_tokens"] / step["rollout_s"],
+        "raw_generation_tokens_per_s": step["completion_tokens"] / limit["generation_s"],
+        "update_tokens_per_s": step["scored_tokens"] / step["update_s"],
+        "forward_backward_tokens_per_s": step["scored_tokens"] / limit["forward_backward_s"],
+        "peak_memory_gb": step["peak_memory_gb"],
+        "update_memory_over_forward_backward": step["update_peak_memory_gb"] / limit["forward_backward_peak_memory_gb"],
+        "per_step": rows,
+    }
+
+
+def format_report(r: dict) -> str:
+    s, lim = r["step"], r["limit"]
+    lines = [
+        f"{r['model']}: {r['trainable_parameters']:,} trainable, P={r['prompts']} G={r['generations']} "
+        f"max_new_tokens={r['max_new_tokens']}, median of {r['measured_steps']} steps",
+        f"{'':24}{'trainer':>10}{'limit':>10}",
+        f"{'step (s)':24}{s['total_s']:10.2f}{lim['total_s']:10.2f}   ratio {r['step_over_limit']:.3f}",
+        f"{'  rollout / generation':24}{s['rollout_s']:10.2f}{lim['generation_s']:10.2f}",
+        f"{'  rewards':24}{s['rewards_s']:10.3f}",
+        f"{'  reference pass':24}{s['reference_s']:10.2f}",
+        f"{'  update / fwd+bwd':24}{s['update_s']:10.2f}{lim['forward_backward_s']:10.2f}"
+        f"   (fwd+bwd plain {lim['forward_backward_plain_s']:.2f}, compiled {lim['forward_backward_compiled_s']:.2f})",
+        f"{'rollout tokens/s':24}{r['rollout_tokens_per_s']:10.1f}{r['raw_generation_tokens_per_s']:10.1f}",
+        f"{'update tokens/s':24}{r['update_tokens_per_s']:10.1f}{r['forward_backward_tokens_per_s']:10.1f}",
+        f"{'peak memory (GB)':24}{s['update_peak_memory_gb']:10.3f}{lim['forward_backward_peak_memory_gb']:10.3f}"
+        f"   update / fwd+bwd {r['update_memory_over_forward_backward']:.2f}; step peak {r['peak_memory_gb']:.3f}",
+    ]
+    return "\n".join(lines)
+
+
+def add_arguments(parser):
+    parser.add_argument("--size", choices=sorted(SIZES), default="tiny", help="built-in model (default tiny)")
+    parser.add_argument("--model", help="any model path or hub id instead of --size")
+    parser.add_argument("--steps", type=int, default=5, help="measured steps after the warm-up (default 5)")
+    parser.add_argument("--prompts", type=int, default=2, help="prompts per step, P (default 2)")
+    parser.add_argument("--generations", type=int, default=8, help="completions per prompt, G (default 8)")
+    parser.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="config override, e.g. --set lora.enabled=true (repeatable)")
+    parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the report as JSON")
+
+
+def main(args) -> dict:
+    """Run the benchmark from parsed `add_arguments` options; prints the table."""
+    if args.steps < 1:
+        raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    path = args.model or SIZES[args.size]
+    cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
+    report = run_bench(cfg, steps=args.steps, label=args.model or args.size)
+    print(format_report(report))
+    if args.json_path:
+        Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n")
+    return report

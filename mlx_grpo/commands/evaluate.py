@@ -1,0 +1,221 @@
+"""Scoring a model on held-out prompts: the profile's rewards and the task's own metric.
+
+Every configured reward is averaged over greedy completions, under the names training logs
+(`reward`, `rewards/<name>/mean`). The task metric follows from the data and the rewards:
+- GSM8K-style references (every answer ends in `#### N`): `accuracy`, the share of greedy
+  answers whose number is right (pass@1); with K > 1 samples per prompt also `maj@K` (the
+  most frequent sampled number is right) and `pass@K` (any sampled number is right), the
+  samples drawn at eval.temperature with generation's top_p, top_k and min_p;
+- a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
+  greedy completions against the references (rouge-score, stemmed).
+Identical (question, answer) rows are scored once, so a cycled split does not count twice.
+"""
+
+from collections import Counter
+from dataclasses import dataclass
+from decimal import Decimal
+import json
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+from tqdm import tqdm
+
+from mlx_grpo.data.load import load_examples
+from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
+from mlx_grpo.rng import capture_rng, restore_rng
+from mlx_grpo.run.layout import CONFIG
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
+
+
+@dataclass
+class EvalSettings:
+    """How one evaluation decodes: `[eval]` with command-line flags applied on top."""
+
+    num_samples: int = 1
+    temperature: float = 1.0  # of the K samples; their truncation is generation's (below)
+    max_new_tokens: int = 128
+    batch_size: int = 16
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
+
+    @classmethod
+    def from_config(cls, cfg, **flags) -> "EvalSettings":
+        e, gen = cfg.eval, cfg.generation
+        values = {
+            "num_samples": e.num_samples, "temperature": e.temperature, "batch_size": e.batch_size,
+            "max_new_tokens": e.max_new_tokens or gen.max_new_tokens,
+            "top_p": gen.top_p, "top_k": gen.top_k, "min_p": gen.min_p,
+        }
+        values.update({k: v for k, v in flags.items() if v is not None})
+        return cls(**values)
+
+
+def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str = "eval.split"):
+    """The split's distinct prompts, in order, the first `limit` of them (0 = all).
+
+    A split the data set does not have stops with one line naming `setting` (the key or flag
+    that chose it) and the splits there are.
+    """
+    seen, out = set(), []
+    for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split, setting=setting):
+        if (e.question, e.answer) not in seen:
+            seen.add((e.question, e.answer))
+            out.append(e)
+    return out[:limit] if limit else out
+
+
+def _decode(model, tokenizer, examples, k: int, sampler, settings, bar) -> list[list[str]]:
+    """k completions per example, decoded batch_size prompts at a time; one list per example."""
+    texts = []
+    for lo in range(0, len(examples), settings.batch_size):
+        chunk = examples[lo:lo + settings.batch_size]
+        rollout = generate_completions(
+            model, tokenizer, [e.prompt_tokens for e in chunk], num_generations=k,
+            max_new_tokens=settings.max_new_tokens, sampler=sampler,
+        )
+        texts += [rollout.texts[i * k:(i + 1) * k] for i in range(len(chunk))]
+        bar.update(len(chunk))
+    return texts
+
+
+def is_gsm8k_style(answers) -> bool:
+    return bool(answers) and all(
+        isinstance(a, str) and "####" in a and extract_reference_number(a) is not None for a in answers
+    )
+
+
+def number_metrics(samples: list[list[str]], answers: list[str]) -> dict:
+    """maj@K and pass@K over K sampled completions per prompt (see the module docstring)."""
+    k = len(samples[0])
+    majority, any_right = [], []
+    for texts, answer in zip(samples, answers):
+        ref = extract_reference_number(answer)
+        preds = [p for p in map(extract_predicted_number, texts) if p is not None]
+        right = [Decimal(p) == Decimal(ref) for p in preds]
+        # Votes count numbers by value ("7" and "7.0" agree); ties go to the first one sampled.
+        votes = Counter(Decimal(p).normalize() for p in preds)
+        majority.append(bool(votes) and votes.most_common(1)[0][0] == Decimal(ref))
+        any_right.append(any(right))
+    return {f"maj@{k}": float(np.mean(majority)), f"pass@{k}": float(np.mean(any_right))}
+
+
+def rouge_metrics(completions: list[str], answers: list[str]) -> dict:
+    scores = [rouge_scorer().score(a or "", c.strip()) for c, a in zip(completions, answers)]
+    return {k: float(np.mean([s[k].fmeasure for s in scores])) for k in ROUGE_TYPES}
+
+
+def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, progress: bool = True) -> dict:
+    """{"metrics": {...}, "samples": [...]} for the examples (see the module docstring)."""
+    model.eval()
+    k = settings.num_samples
+    total = len(examples) * (2 if k > 1 else 1)
+    with tqdm(total=total, desc="eval", unit="prompt", disable=not progress, dynamic_ncols=True) as bar:
+        greedy = [t[0] for t in _decode(model, tokenizer, examples, 1, make_rollout_sampler(0.0, 1.0, 0, 0.0),
+                                        settings, bar)]
+        sampled = None
+        if k > 1:
+            sampler = make_rollout_sampler(settings.temperature, settings.top_p, settings.top_k, settings.min_p)
+            sampled = _decode(model, tokenizer, examples, k, sampler, settings, bar)
+    questions, answers = [e.question for e in examples], [e.answer for e in examples]
+    totals, per_name = reward_set(questions, greedy, answers)
+    metrics = {"num_prompts": len(examples)}
+    if is_gsm8k_style(answers):
+        metrics["accuracy"] = number_metrics([[t] for t in greedy], answers)["pass@1"]
+        if sampled is not None:
+            metrics.update(number_metrics(sampled, answers))
+    if any("rouge" in name for name in per_name):
+        metrics.update(rouge_metrics(greedy, answers))
+    metrics["reward"] = float(np.mean(totals))
+    metrics.update({f"rewards/{name}/mean": float(np.mean(v)) for name, v in per_name.items()})
+    lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in greedy]
+    metrics["completions/mean_length"] = float(np.mean(lengths))
+    samples = [
+        {"question": q, "answer": a, "completion": c, "rewards": {n: v[i] for n, v in per_name.items()},
+         **({"samples": sampled[i]} if sampled is not None else {})}
+        for i, (q, a, c) in enumerate(zip(questions, answers, greedy))
+    ]
+    return {"metrics": metrics, "samples": samples}
+
+
+def format_table(metrics: dict) -> str:
+    """Two aligned columns, metric and value."""
+    width = max(len(k) for k in metrics)
+    rows = [f"{'metric':<{width}}  value", f"{'-' * width}  -----"]
+    for key, value in metrics.items():
+        rows.append(f"{key:<{width}}  {value:.4f}" if isinstance(value, float) else f"{key:<{width}}  {value}")
+    return "\n".join(rows)
+
+
+def make_training_eval(cfg, tokenizer, reward_set):
+    """For `[eval] every = N`: a function (model) -> {"eval/<metric>": value}, or None when off.
+
+    The examples are loaded now, so a bad split stops the run before its first step. The K
+    samples draw from the random streams, which are put back as they were afterwards: what
+    training samples next does not depend on whether or how it evaluates.
+    """
+    if not cfg.eval.every:
+        return None
+    examples = load_eval_examples(cfg, tokenizer, cfg.eval.split, cfg.eval.limit)
+    settings = EvalSettings.from_config(cfg)
+
+    def run(model) -> dict:
+        streams = capture_rng()
+        result = evaluate(model, tokenizer, examples, reward_set, settings, progress=False)
+        restore_rng(streams)
+        metrics = {f"eval/{k}": v for k, v in result["metrics"].items()}
+        tqdm.write(" | ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
+        return metrics
+
+    return run
+
+
+def _eval_config(args, loaded):
+    """The profile given with --config, else the config of the run that M came from."""
+    from mlx_grpo.config import load_config
+    from mlx_grpo.errors import ModelError
+
+    if args.config:
+        return load_config(args.config, args.overrides)
+    if loaded is not None and loaded.config is not None:
+        return load_config(loaded.checkpoint / CONFIG, args.overrides)
+    raise ModelError("eval: give --config FILE (the profile whose data and rewards to use), "
+                     "or a --model that comes from a run")
+
+
+def default_output(loaded, split: str) -> Path:
+    """<run>/eval_<split>_<checkpoint>.json for a run's checkpoint, else ./eval_<split>.json."""
+    if loaded is not None and loaded.run_dir is not None:
+        return loaded.run_dir / f"eval_{split}_{loaded.checkpoint.name}.json"
+    return Path.cwd() / f"eval_{split}.json"
+
+
+def main(args) -> dict:
+    from mlx_grpo.models.load import load_base
+    from mlx_grpo.models.named import load_model
+    from mlx_grpo.rewards import RewardSet
+
+    loaded = load_model(args.model, args.adapter) if args.model else None
+    cfg = _eval_config(args, loaded)
+    if loaded is None:  # the configured base, loaded as training loads it
+        model, tokenizer, _ = load_base(cfg.model)
+    else:
+        model, tokenizer = loaded.model, loaded.tokenizer
+    split = args.split or cfg.eval.split
+    limit = cfg.eval.limit if args.limit is None else args.limit
+    settings = EvalSettings.from_config(cfg, num_samples=args.num_samples, max_new_tokens=args.max_tokens,
+                                        temperature=args.temperature)
+    base_dir = Path(args.config).parent if args.config else None
+    reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir)
+    examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
+    mx.random.seed(cfg.seed if args.seed is None else args.seed)
+    result = evaluate(model, tokenizer, examples, reward_set, settings)
+    result = {"model": args.model or cfg.model.path, "adapter": args.adapter, "split": split,
+              "num_samples": settings.num_samples, "max_new_tokens": settings.max_new_tokens, **result}
+    out = Path(args.out) if args.out else default_output(loaded, split)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(result, indent=2) + "\n")
+    print(format_table(result["metrics"]))
+    print(f"mlx-grpo: wrote {out}")
+    return result

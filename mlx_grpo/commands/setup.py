@@ -1,0 +1,85 @@
+"""What a run builds from its config before the first step, shared by `train`, `bench` and `eval`:
+the policy and its reference, the rewards, the data, the sampler, the optimizer, and the settings
+the rollout and the update read.
+
+An entry point's helper, so it reads the whole config; everything it builds takes only the
+values it needs.
+"""
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx.core as mx
+
+from mlx_grpo.data.load import Example, load_examples
+from mlx_grpo.distributed import SINGLE, World, sampling_seed, sync_parameters
+from mlx_grpo.errors import TrainingError
+from mlx_grpo.models.adapters import load_adapter_weights
+from mlx_grpo.models.load import add_adapters, checkpoint_layers, load_base
+from mlx_grpo.models.reference import load_reference
+from mlx_grpo.rewards import RewardSet
+from mlx_grpo.rollout.sample import make_rollout_sampler
+from mlx_grpo.rollout.score import SamplingSettings
+from mlx_grpo.update.optimizer import make_optimizer
+from mlx_grpo.update.settings import UpdateSettings
+from mlx_grpo.update.step import make_update_grad_fn
+
+
+def build_policy(cfg):
+    """The trainable model, its tokenizer, the base's local path, adapted layer count."""
+    if cfg.model.quantize_bits and not cfg.lora.enabled:
+        raise TrainingError(
+            "model.quantize_bits: quantized weights cannot be trained directly; "
+            "set lora.enabled = true (QLoRA) or quantize_bits = 0"
+        )
+    model, tokenizer, base_path = load_base(cfg.model)
+    num_layers = len(model.layers)
+    if cfg.lora.enabled:
+        num_layers = add_adapters(model, cfg.lora, use_dora=cfg.lora.method == "dora")
+        if cfg.lora.resume_adapter:
+            load_adapter_weights(model, cfg.lora.resume_adapter)
+    if cfg.training.grad_checkpoint:
+        checkpoint_layers(model)
+    return model, tokenizer, base_path, num_layers
+
+
+def make_rewards(cfg, config_path: str | None = None) -> RewardSet:
+    """The configured rewards; a reward file's relative path is tried against the profile's folder."""
+    base_dir = Path(config_path).parent if config_path else None
+    return RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=cfg.generation.num_generations)
+
+
+@dataclass
+class Trainer:
+    """The state one training run holds from its first step to its last."""
+
+    model: object  # the policy
+    tokenizer: object
+    base_path: str  # the base's local folder, which checkpoints copy the model config from
+    num_layers: int  # layers with adapters (all layers for a full fine-tune)
+    ref_model: object | None  # a frozen copy of the base, or None (no KL term, or LoRA: adapters off)
+    examples: list[Example]  # the training split
+    sampler: Callable
+    sampling: SamplingSettings
+    settings: UpdateSettings
+    optimizer: object
+    grad_fn: Callable  # batch -> ((loss, metrics), grads), made once so a compiled one keeps its traces
+
+
+def setup(cfg, *, total_updates: int, world: World = SINGLE) -> Trainer:
+    """Load the policy and its reference, then the data; the sampling streams start from the seed."""
+    model, tokenizer, base_path, num_layers = build_policy(cfg)
+    ref_model = load_reference(cfg.model, base_path, beta=cfg.grpo.beta, lora=cfg.lora.enabled)
+    sync_parameters(model, world)
+    # Loading models draws random numbers (layer init before the weights arrive), and how many
+    # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
+    mx.random.seed(sampling_seed(cfg.seed, world.rank))
+    examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
+    gen, settings = cfg.generation, UpdateSettings.from_config(cfg)
+    return Trainer(
+        model, tokenizer, base_path, num_layers, ref_model, examples,
+        sampler=make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p),
+        sampling=SamplingSettings.from_config(cfg), settings=settings,
+        optimizer=make_optimizer(cfg.training, total_updates), grad_fn=make_update_grad_fn(model, settings),
+    )

@@ -1,0 +1,153 @@
+"""Every default of a run: one dataclass per TOML section, and `Config`, which holds them all.
+Stdlib only."""
+
+from dataclasses import dataclass, field
+
+# The R1-style format that the xml_format and gsm8k_correctness rewards look for.
+DEFAULT_SYSTEM_PROMPT = (
+    "Respond in the following format:\n"
+    "<reasoning>\n...\n</reasoning>\n"
+    "<answer>\n...\n</answer>"
+)
+
+
+@dataclass
+class ModelConfig:
+    path: str = "builtin:tiny"  # hub id, local folder, or builtin:NAME
+    dtype: str = "float32"
+    quantize_bits: int = 0  # 0 = keep the weights as they are
+    quantize_group_size: int = 64
+    trust_remote_code: bool = False
+
+
+@dataclass
+class LoraConfig:
+    enabled: bool = False  # False = full fine-tune
+    rank: int = 8
+    alpha: float = 16.0
+    dropout: float = 0.0
+    target_modules: list[str] = field(default_factory=lambda: [
+        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
+        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
+    ])
+    num_layers: int = -1  # -1 = all layers, else the last N (as mlx-lm counts)
+    method: str = "lora"  # "dora" = weight-decomposed LoRA (mlx-lm's DoRA layers)
+    resume_adapter: str = ""  # an adapter folder to start from; "" = fresh adapters
+
+    @property
+    def scale(self) -> float:
+        """mlx-lm's LoRA layers take `scale` (= alpha / rank), not alpha."""
+        return self.alpha / self.rank
+
+
+@dataclass
+class DataConfig:
+    # hub id, local file (the split "train" alone), builtin:NAME, or a table of local files
+    # by split, e.g. {train = "data/gsm8k_train.jsonl", test = "data/gsm8k_test.jsonl"}
+    dataset: str | dict[str, str] = "builtin:arithmetic"
+    subset: str = ""  # hub config name; "" = none (an error for local and builtin data)
+    split: str = "train"
+    prompt_field: str = "question"
+    answer_field: str = "answer"  # "" = no reference answers
+    system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    max_prompt_tokens: int = 512
+    shuffle: bool = True
+
+
+@dataclass
+class GenerationConfig:
+    num_generations: int = 8  # G, completions per prompt
+    max_new_tokens: int = 512  # TRL's max_completion_length
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0 = off
+    min_p: float = 0.0  # 0 = off
+    batch_size: int = 0  # sequences generated at once; 0 = all of a step's sequences
+
+
+@dataclass
+class GRPOConfig:
+    beta: float = 0.0  # KL penalty; 0 = no reference model (TRL's default since 0.19)
+    epsilon: float = 0.2
+    epsilon_high: float | None = None  # upper clip; None = epsilon (resolved by load_config)
+    loss_type: str = "dapo"
+    scale_rewards: str = "group"
+    num_iterations: int = 1  # optimizer passes over each rollout
+    mask_truncated_completions: bool = False
+    importance_sampling_level: str = "token"  # "sequence" = GSPO
+    top_entropy_quantile: float = 1.0  # train on the top share of tokens by entropy; 1 = all
+    dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards and draw more
+    max_resample_rounds: int = 4  # extra draws per step under dynamic_sampling
+    overlong_penalty: float = 0.0  # DAPO soft overlong punishment at the cap; 0 = off
+    overlong_buffer: int = 32  # tokens before max_new_tokens where the penalty ramps up
+
+
+@dataclass
+class RewardConfig:
+    name: str  # a function registered in mlx_grpo.rewards
+    weight: float = 1.0  # 0 = log the metric without training on it
+
+
+@dataclass
+class TrainingConfig:
+    max_steps: int = 100
+    prompts_per_step: int = 2
+    gradient_accumulation_steps: int = 1
+    micro_batch_size: int = 0  # sequences per forward/backward chunk; 0 = whole micro-batch
+    learning_rate: float = 1e-6
+    lr_schedule: str = "linear"  # to 0 at the last update, as transformers' default
+    warmup_steps: float = 0  # optimizer updates; a value in (0, 1) is a share of all updates
+    weight_decay: float = 0.0
+    adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # bias-corrected AdamW
+    max_grad_norm: float = 1.0  # 0 = no clipping
+    grad_checkpoint: bool = False
+    max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping
+
+
+@dataclass
+class LoggingConfig:
+    log_every: int = 1
+    log_completions: int = 0  # completions printed per logged step (and kept in completions.jsonl)
+    # Live warnings (mlx_grpo/watch.py); 0 turns a check off.
+    warn_zero_std_frac: float = 0.9  # frac_reward_zero_std above this ... (warn_zero_std_steps = 0: off)
+    warn_zero_std_steps: int = 10  # ... for this many steps in a row: no signal (0 = off)
+    warn_grad_norm_factor: float = 10.0  # grad_norm above this times its running median
+    warn_clipped_ratio: float = 0.5  # completions/clipped_ratio above this
+    warn_kl: float = 1.0  # kl above this
+    warn_reward_falling_steps: int = 50  # reward trending down over this many steps
+
+
+@dataclass
+class CheckpointConfig:
+    save_every: int = 50
+    keep_last: int = 3
+    resume: bool = False  # continue from the newest checkpoint in output_dir (as --resume)
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # evaluate every N training steps; 0 = off
+    split: str = "test"
+    limit: int = 0  # first N distinct held-out prompts; 0 = all
+    num_samples: int = 1  # K > 1 adds maj@K and pass@K from K samples per prompt
+    temperature: float = 1.0  # for the K samples; pass@1 is always greedy
+    max_new_tokens: int = 0  # 0 = generation.max_new_tokens
+    batch_size: int = 16  # prompts decoded at once (one progress-bar tick each)
+
+
+@dataclass
+class Config:
+    seed: int = 0
+    output_dir: str = "runs/default"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    lora: LoraConfig = field(default_factory=LoraConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    generation: GenerationConfig = field(default_factory=GenerationConfig)
+    grpo: GRPOConfig = field(default_factory=GRPOConfig)
+    rewards: list[RewardConfig] = field(default_factory=lambda: [  # [[rewards]] replaces the list
+        RewardConfig("gsm8k_correctness", 1.0), RewardConfig("xml_format", 0.5),
+    ])
+    training: TrainingConfig = field(default_factory=TrainingConfig)
+    logging: LoggingConfig = field(default_factory=LoggingConfig)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)

@@ -1,0 +1,63 @@
+"""Converting a Hugging Face model (hub id or local folder) into an MLX folder (`mlx-grpo convert`).
+
+A thin layer over `mlx_lm.convert`: optional quantization and dtype, nothing uploaded. Also
+owns writing a model folder safely, which `export` shares: a destination that is not empty
+is refused unless `force` is given, and the folder is written aside and renamed into place,
+so a failed or killed run never leaves half a model where the user asked for one.
+"""
+
+from contextlib import contextmanager
+import os
+from pathlib import Path
+import shutil
+
+from mlx_grpo.errors import ModelError
+
+DTYPES = ("float16", "bfloat16", "float32")
+
+
+@contextmanager
+def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--mlx-path"):
+    """Yield a fresh temporary folder that becomes `dst` when the block succeeds."""
+    dst = Path(dst).expanduser()
+    if dst.exists() and not dst.is_dir():
+        raise ModelError(f"{flag} {dst}: exists and is not a folder")
+    if dst.is_dir() and any(dst.iterdir()) and not force:
+        raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+    tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True)
+    try:
+        yield tmp
+        if dst.exists():
+            shutil.rmtree(dst)
+        tmp.rename(dst)
+    finally:
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits: int = 4,
+                  q_group_size: int = 64, dtype: str | None = None, force: bool = False,
+                  trust_remote_code: bool = False) -> Path:
+    """Write the MLX folder `mlx_path` from `hf_path`; returns it."""
+    from mlx_lm.convert import convert
+
+    from mlx_grpo.models.load import resolve_model_path
+
+    source = resolve_model_path(hf_path)
+    if source.startswith((".", "/", "~")) and not Path(source).expanduser().is_dir():
+        raise ModelError(f"--hf-path {hf_path}: no such folder")
+    with output_folder(mlx_path, force) as tmp:
+        tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
+        convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
+                q_group_size=q_group_size if quantize else None, dtype=dtype,
+                trust_remote_code=trust_remote_code)
+    return Path(mlx_path).expanduser()
+
+
+def main(args) -> Path:
+    dst = convert_model(args.hf_path, args.mlx_path, quantize=args.quantize, q_bits=args.q_bits,
+                        q_group_size=args.q_group_size, dtype=args.dtype, force=args.force,
+                        trust_remote_code=args.trust_remote_code)
+    print(f"mlx-grpo: wrote {dst}")
+    return dst

@@ -1,0 +1,43 @@
+"""A trained run or checkpoint as a standalone model folder (`mlx-grpo export`).
+
+LoRA/DoRA adapters are fused into the base (a quantized base is re-quantized, or turned
+back into floats with `dequantize`); a full checkpoint is written as it is. The folder is what
+`mlx_lm.load`, `mlx_lm.generate` and `mlx_lm.server` read, plus the run's `config.toml`, from
+which `mlx-grpo generate/chat` take the system prompt the model was trained with.
+"""
+
+from pathlib import Path
+
+import mlx_lm.utils
+from mlx_lm.utils import dequantize_model
+
+from mlx_grpo.models.adapters import fuse_adapters
+from mlx_grpo.config import save_config
+from mlx_grpo.models.convert import output_folder
+from mlx_grpo.models.named import load_model
+from mlx_grpo.run.layout import CONFIG
+
+
+def export_model(source: str, out: str, *, adapter: str | None = None, dequantize: bool = False,
+                 force: bool = False) -> Path:
+    """Write `source` (a run folder, checkpoint, or base plus `adapter`) to `out`; returns it."""
+    loaded = load_model(source, adapter)
+    model = loaded.model
+    fuse_adapters(model, dequantize=dequantize)
+    config = mlx_lm.utils.load_config(Path(loaded.base_path))
+    if dequantize:
+        model = dequantize_model(model)
+        config.pop("quantization", None)
+        config.pop("quantization_config", None)
+    with output_folder(out, force, flag="--out") as tmp:
+        mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
+        if loaded.config is not None:
+            save_config(loaded.config, tmp / CONFIG)
+    return Path(out).expanduser()
+
+
+def main(args) -> Path:
+    dst = export_model(args.source, args.out, adapter=args.adapter, dequantize=args.dequantize,
+                       force=args.force)
+    print(f"mlx-grpo: wrote {dst}")
+    return dst

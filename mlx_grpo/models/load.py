@@ -1,0 +1,176 @@
+"""Loading the policy (and, when needed, the reference) with mlx-lm.
+
+Owns: resolving `model.path` (hub id, local folder, `builtin:NAME`), converting and
+quantizing once into a cache folder, casting the dtype, and turning on LoRA/DoRA
+adapters. With LoRA the reference model is the same weights with the adapters
+switched off, so no second copy is held in memory.
+"""
+
+from contextlib import contextmanager
+import os
+from pathlib import Path
+import re
+import shutil
+
+import mlx.core as mx
+import mlx.nn as nn
+from mlx.utils import tree_unflatten
+import mlx_lm
+from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
+from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from mlx_grpo.models.builtin import builtin_model_path, cache_dir
+from mlx_grpo.errors import ModelError
+
+DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
+_ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
+
+
+def resolve_model_path(path: str) -> str:
+    """A loadable path: the shipped builtin:tiny, or builtin:small built once into the cache."""
+    if path.startswith("builtin:"):
+        return str(builtin_model_path(path.removeprefix("builtin:")))
+    return path
+
+
+def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remote_code=False) -> str:
+    """Convert and quantize `path` with mlx-lm once; later calls reuse the cached folder."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(Path(path).expanduser().resolve()) if Path(path).exists() else path)
+    dst = cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
+    if (dst / "config.json").exists():
+        return str(dst)
+    from mlx_lm.convert import convert
+
+    tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.parent.mkdir(parents=True, exist_ok=True)
+    convert(path, str(tmp), quantize=True, q_bits=bits, q_group_size=group_size, dtype=dtype,
+            trust_remote_code=trust_remote_code)
+    try:
+        tmp.rename(dst)
+    except OSError:  # another process finished first; use its copy
+        shutil.rmtree(tmp, ignore_errors=True)
+    return str(dst)
+
+
+_PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
+_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
+
+
+def check_model_folder(path: str) -> None:
+    """A local model folder must hold config.json, safetensors weights and a tokenizer.
+
+    Weights are read from safetensors only (as mlx-lm does): pickle files can run code.
+    A path that is not a folder is left to the hub (mlx-lm downloads safetensors only).
+    """
+    folder = Path(path).expanduser()
+    if not folder.is_dir():
+        if path.startswith((".", "/", "~")):
+            raise ModelError(f"model.path: folder {path!r} does not exist")
+        return
+    if not (folder / "config.json").is_file():
+        raise ModelError(f"model.path: {path} has no config.json")
+    if not list(folder.glob("model*.safetensors")):
+        pickles = sorted(f.name for f in folder.iterdir() if f.suffix in _PICKLES)
+        found = f" (found {', '.join(pickles)}: pickle weights are never loaded)" if pickles else ""
+        raise ModelError(f"model.path: {path} has no model*.safetensors weights{found}; "
+                         "convert the model to safetensors first")
+    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+        raise ModelError(f"model.path: {path} has no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
+
+
+def load_base(model_cfg, path: str | None = None):
+    """(model, tokenizer, local_path) for the configured base model, in eval mode.
+
+    `path` is a local path returned by an earlier call, to load a second copy as it was.
+    """
+    remote = model_cfg.trust_remote_code  # off unless the config sets it
+    if path is not None:
+        model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
+                                       trust_remote_code=remote)
+        model.set_dtype(DTYPES[model_cfg.dtype])
+        return model, tokenizer, path
+    path = resolve_model_path(model_cfg.path)
+    check_model_folder(path)
+    if model_cfg.quantize_bits:
+        path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,
+                              model_cfg.dtype, model_cfg.trust_remote_code)
+    model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
+                                   trust_remote_code=remote)
+    # Quantized weights keep their packing; only float tensors are cast.
+    model.set_dtype(DTYPES[model_cfg.dtype])
+    local = Path(path) if Path(path).exists() else mlx_lm.utils.hf_repo_to_path(path)
+    return model, tokenizer, str(local)
+
+
+def lora_parameters(lora_cfg) -> dict:
+    """The `lora_parameters` mlx-lm expects: it takes `scale`, so alpha / rank is mapped here."""
+    return {
+        "rank": lora_cfg.rank,
+        "scale": lora_cfg.alpha / lora_cfg.rank,
+        "dropout": lora_cfg.dropout,
+        "keys": list(lora_cfg.target_modules),
+    }
+
+
+def add_adapters(model, lora_cfg, use_dora: bool = False) -> int:
+    """Freeze the base and add LoRA (or DoRA) layers; returns the number of layers adapted."""
+    num_layers = len(model.layers) if lora_cfg.num_layers < 0 else lora_cfg.num_layers
+    model.freeze()
+    linear_to_lora_layers(model, num_layers, lora_parameters(lora_cfg), use_dora=use_dora)
+    found = {name.split(".")[-1] for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)}
+    wanted = {k.split(".")[-1] for k in lora_cfg.target_modules}
+    if not found:
+        raise ModelError(
+            f"lora.target_modules: none of {list(lora_cfg.target_modules)} is a linear layer of this model"
+        )
+    missing = wanted - found
+    if missing:
+        raise ModelError(f"lora.target_modules: {sorted(missing)} matched no layer of this model")
+    return num_layers
+
+
+@contextmanager
+def adapters_disabled(model):
+    """Run the base model: every adapter layer is swapped for the layer it wraps."""
+    adapters = [(n, m) for n, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)]
+    base = [(n, m.linear if hasattr(m, "linear") else m.embedding) for n, m in adapters]
+    model.update_modules(tree_unflatten(base))
+    try:
+        yield model
+    finally:
+        model.update_modules(tree_unflatten(adapters))
+
+
+def _checkpointed(call):
+    def __call__(self, *args, **kwargs):
+        def inner(params, *args, **kwargs):
+            self.update(params)
+            return call(self, *args, **kwargs)
+
+        return mx.checkpoint(inner)(self.trainable_parameters(), *args, **kwargs)
+
+    return __call__
+
+
+_CHECKPOINTED: dict[type, type] = {}  # block class -> its checkpointed subclass
+
+
+def checkpoint_layers(model) -> None:
+    """Gradient checkpointing for this model's blocks: the backward pass recomputes each
+    block's activations instead of keeping them.
+
+    mlx-lm's `grad_checkpoint` patches the block class itself, so every later model of that
+    architecture in the process (the next run of a sweep, an eval copy) would be
+    checkpointed too, and each call would wrap the patch again. Here each block of `model`
+    is moved to a subclass of its class with a checkpointed __call__ (one subclass per
+    class, made once); the class and other models are left alone.
+    """
+    for layer in model.layers:
+        cls = type(layer)
+        if cls in _CHECKPOINTED.values():
+            continue
+        if cls not in _CHECKPOINTED:
+            _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": _checkpointed(cls.__call__)})
+        layer.__class__ = _CHECKPOINTED[cls]

@@ -1,0 +1,120 @@
+"""Finding and loading the model a user names with `--model M` (generate, chat, eval, export).
+
+M is one of, tried in this order:
+- a run folder (it has `checkpoints/`): its latest complete checkpoint;
+- an adapter checkpoint (`adapter_config.json`): the base named by its `config.toml` (loaded
+  as the run loaded it: same dtype, same quantization), with the adapters on top;
+- a model folder (`config.json`): a full checkpoint, an exported or a converted folder;
+- a hub id or `builtin:NAME` (a built-in model gets the system prompt it was warm-started with).
+`--adapter DIR` adds an adapter folder to a base M. The run's resolved `config.toml`, when the
+checkpoint, the adapter or the exported folder has one, supplies the system prompt.
+"""
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import mlx_lm
+from mlx_lm.tuner.utils import load_adapters
+
+from mlx_grpo.config import Config, load_config
+from mlx_grpo.errors import ModelError
+from mlx_grpo.models.load import load_base, resolve_model_path
+from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.run.layout import (
+    ADAPTER_CONFIG, CHECKPOINTS, CONFIG, MODEL_CONFIG, latest_checkpoint, run_dir_of,
+)
+
+
+@dataclass
+class LoadedModel:
+    model: object
+    tokenizer: object
+    base_path: str  # local folder of the weights (of the base, under an adapter)
+    config: Config | None  # the resolved config of the run it came from, if known
+    checkpoint: Path | None  # the checkpoint or model folder, when M was local
+    run_dir: Path | None  # the run folder holding that checkpoint, if any
+    trained_system_prompt: str = ""  # what a model without a run config was trained with
+
+    @property
+    def system_prompt(self) -> str:
+        return self.config.data.system_prompt if self.config is not None else self.trained_system_prompt
+
+
+def _run_config(folder: Path) -> Config | None:
+    path = folder / CONFIG
+    return load_config(path) if path.is_file() else None
+
+
+def _looks_local(spec: str) -> bool:
+    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
+
+
+def _checkpoint_of(spec: str, path: Path) -> Path:
+    """The folder holding the weights: a run folder gives its latest checkpoint."""
+    if (path / CHECKPOINTS).is_dir() and not (path / MODEL_CONFIG).exists():
+        found = latest_checkpoint(path)
+        if found is None:
+            raise ModelError(f"--model {spec}: run folder {path} has no complete checkpoint yet")
+        return found
+    return path
+
+
+def _load_folder(spec: str, path: Path) -> LoadedModel:
+    ckpt = _checkpoint_of(spec, path)
+    cfg = _run_config(ckpt)
+    if (ckpt / ADAPTER_CONFIG).is_file():
+        if cfg is None:
+            raise ModelError(
+                f"--model {spec}: adapter folder {ckpt} has no {CONFIG} naming its base; "
+                "give the base as --model and this folder as --adapter"
+            )
+        model, tokenizer, base_path = load_base(cfg.model)
+        load_adapters(model, str(ckpt))
+    elif (ckpt / MODEL_CONFIG).is_file():
+        model, tokenizer = mlx_lm.load(str(ckpt))
+        base_path = str(ckpt)
+    else:
+        raise ModelError(
+            f"--model {spec}: {ckpt} is not a model folder (no config.json, "
+            "adapter_config.json or checkpoints/)"
+        )
+    model.eval()
+    return LoadedModel(model, tokenizer, base_path, cfg, ckpt, run_dir_of(ckpt))
+
+
+def _load_named(spec: str) -> LoadedModel:
+    """A hub id or builtin:NAME."""
+    path = resolve_model_path(spec)
+    try:
+        model, tokenizer = mlx_lm.load(path)
+    except Exception as e:  # the hub client's errors have many types; say which model failed
+        raise ModelError(f"--model {spec}: cannot load it ({type(e).__name__}: {e})") from e
+    local = path if Path(path).exists() else str(mlx_lm.utils.hf_repo_to_path(path))
+    # The built-in models are warm-started on chats that open with the default system prompt.
+    system = DEFAULT_SYSTEM_PROMPT if spec.startswith("builtin:") else ""
+    return LoadedModel(model, tokenizer, local, None, None, None, system)
+
+
+def load_model(spec: str, adapter: str | None = None) -> LoadedModel:
+    """Load M (see the module docstring), plus an adapter folder when one is given."""
+    path = Path(spec).expanduser()
+    if path.is_dir():
+        loaded = _load_folder(spec, path)
+    elif _looks_local(spec):
+        raise ModelError(f"--model {spec}: no such folder")
+    else:
+        loaded = _load_named(spec)
+    if adapter:
+        _add_adapter(loaded, spec, Path(adapter).expanduser())
+    return loaded
+
+
+def _add_adapter(loaded: LoadedModel, spec: str, adapter: Path):
+    if not (adapter / ADAPTER_CONFIG).is_file():
+        raise ModelError(f"--adapter {adapter}: not an adapter folder (no adapter_config.json)")
+    if loaded.checkpoint is not None and (loaded.checkpoint / ADAPTER_CONFIG).is_file():
+        raise ModelError(f"--model {spec} already carries an adapter; give its base with --adapter")
+    load_adapters(loaded.model, str(adapter))
+    loaded.model.eval()
+    loaded.config = _run_config(adapter) or loaded.config
+    loaded.checkpoint, loaded.run_dir = adapter, run_dir_of(adapter)

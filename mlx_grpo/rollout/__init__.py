@@ -1,0 +1,1 @@
+"""Stage 2, rollout: G completions per prompt with mlx-lm, and the rewards they score."""

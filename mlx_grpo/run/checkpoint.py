@@ -1,0 +1,81 @@
+"""Checkpoints: written whole or not at all, loadable by mlx-lm as they are.
+
+A checkpoint folder (run/layout.py names its files) holds either a full model (config.json,
+model.safetensors, tokenizer; `mlx_lm.load(path)` reads it) or a LoRA adapter
+(adapters.safetensors, adapter_config.json; `mlx_lm.load(base, adapter_path=path)`),
+plus optimizer.safetensors, trainer_state.json and the resolved config.toml. It is
+written to a temporary folder and renamed into place, so a kill never leaves half of one.
+"""
+
+import json
+from pathlib import Path
+import shutil
+
+import mlx.core as mx
+from mlx.utils import tree_flatten, tree_unflatten
+import mlx_lm.utils
+
+from mlx_grpo.config import save_config
+from mlx_grpo.errors import TrainingError
+from mlx_grpo.run.layout import (
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, OPTIMIZER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
+    write_trainer_state,
+)
+
+class CheckpointError(TrainingError):
+    """Writing a checkpoint failed; the message says where, why and what is still intact."""
+
+    def __init__(self, step: int, tmp: Path, error: Exception, previous: Path | None):
+        kept = f"the previous checkpoint {previous} is intact" if previous else "no earlier checkpoint exists"
+        reason = getattr(error, "strerror", None) or " ".join(str(error).split())
+        super().__init__(f"checkpoint: cannot write step {step} to {tmp} ({reason}); {kept}")
+
+
+def adapter_config(cfg, num_layers: int) -> dict:
+    from mlx_grpo.models.load import lora_parameters
+
+    return {
+        "fine_tune_type": getattr(cfg.lora, "method", "lora"),
+        "num_layers": num_layers,
+        "lora_parameters": lora_parameters(cfg.lora),
+        "base_model": cfg.model.path,
+    }
+
+
+def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers: int):
+    if cfg.lora.enabled:
+        adapters = dict(tree_flatten(model.trainable_parameters()))
+        mx.save_safetensors(str(dst / ADAPTER_WEIGHTS), adapters)
+        (dst / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(cfg, num_layers), indent=2))
+    else:
+        model_config = mlx_lm.utils.load_config(Path(base_path))
+        mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
+
+
+def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_path,
+                    num_layers, trainer_state: dict, keep_last: int) -> Path:
+    """Write checkpoint `step` atomically, then prune all but the newest `keep_last`."""
+    final = checkpoint_dir(output_dir, step)
+    tmp = final.with_name(final.name + ".tmp")
+    shutil.rmtree(tmp, ignore_errors=True)
+    try:
+        tmp.mkdir(parents=True)
+        _write_weights(tmp, model, tokenizer, cfg, base_path, num_layers)
+        opt_state = dict(tree_flatten(optimizer.state))
+        mx.save_safetensors(str(tmp / OPTIMIZER_STATE), opt_state)
+        save_config(cfg, tmp / CONFIG)
+        # trainer_state.json goes last: its presence marks the folder complete.
+        write_trainer_state(tmp, {"step": step, **trainer_state})
+    except (OSError, RuntimeError) as e:  # a full disk (MLX raises RuntimeError): earlier ones stay
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise CheckpointError(step, tmp, e, latest_checkpoint(output_dir)) from e
+    if final.exists():
+        shutil.rmtree(final)
+    tmp.rename(final)
+    for old in list_checkpoints(output_dir)[:-keep_last]:
+        shutil.rmtree(old)
+    return final
+
+
+def load_optimizer_state(path: Path):
+    return tree_unflatten(list(mx.load(str(Path(path) / OPTIMIZER_STATE)).items()))

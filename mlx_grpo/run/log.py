@@ -1,0 +1,100 @@
+"""What a run tells its user: metrics.jsonl (one JSON object per step), completions.jsonl
+(the sample completions of each logged step, with their rewards) and the console."""
+
+import json
+import math
+from pathlib import Path
+
+from mlx_grpo.run.layout import COMPLETIONS, METRICS
+
+
+class MetricsLog:
+    """Appends one JSON line per step to `<output_dir>/metrics.jsonl`."""
+
+    def __init__(self, output_dir, fresh: bool = True):
+        self.path = Path(output_dir) / METRICS
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self.path.write_text("")
+
+    def write(self, metrics: dict):
+        # JSON has no NaN; a non-finite value is written as null so the file stays valid.
+        clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
+        with self.path.open("a") as f:
+            f.write(json.dumps(clean) + "\n")
+
+
+class CompletionLog:
+    """Appends the logged sample completions to `<output_dir>/completions.jsonl`, one line each:
+    {"step", "prompt", "completion", "reward", "rewards": {name: score}}."""
+
+    def __init__(self, output_dir, fresh: bool = True):
+        self.path = Path(output_dir) / COMPLETIONS
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        if fresh:
+            self.path.write_text("")
+
+    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int):
+        """The first `count` samples of a step; per_name maps each reward's name to its scores."""
+        with self.path.open("a") as f:
+            for i in range(min(count, len(completions))):
+                row = {"step": step, "prompt": prompts[i], "completion": completions[i],
+                       "reward": float(rewards[i]),
+                       "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
+                f.write(json.dumps(row) + "\n")
+
+
+def read_jsonl(path) -> list[dict]:
+    """The rows of a JSON-lines file; a missing file has none."""
+    path = Path(path)
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def truncate_jsonl(path, last_step: int) -> None:
+    """Keep the rows of a JSON-lines log up to `last_step`, so a resumed run writes no step twice.
+
+    Rows after the checkpoint, and a last line cut short by a kill, are dropped.
+    """
+    path = Path(path)
+    if not path.exists():
+        return
+    kept = []
+    for line in path.read_text().splitlines():
+        try:
+            row = json.loads(line)
+        except json.JSONDecodeError:
+            break
+        if row.get("step", 0) <= last_step:
+            kept.append(line + "\n")
+    path.write_text("".join(kept))
+
+
+def read_metrics(output_dir) -> list[dict]:
+    """The rows of a run folder's metrics.jsonl."""
+    return read_jsonl(Path(output_dir) / METRICS)
+
+
+def format_step(m: dict) -> str:
+    """One console line for a logged step."""
+    parts = [f"step {m['step']}", f"loss {m['loss']:.4f}", f"reward {m['reward']:.3f}"]
+    for key in sorted(k for k in m if k.startswith("rewards/") and k.endswith("/mean")):
+        parts.append(f"{key.split('/')[1]} {m[key]:.3f}")
+    if "kl" in m:
+        parts.append(f"kl {m['kl']:.4f}")
+    if "entropy" in m:
+        parts.append(f"entropy {m['entropy']:.3f}")
+    parts += [
+        f"len {m['completions/mean_length']:.1f}",
+        f"grad {m['grad_norm']:.3f}",
+        f"lr {m['learning_rate']:.2e}",
+        f"{m['step_time']:.2f}s",
+        f"{m['peak_memory_gb']:.2f}GB",
+    ]
+    return " | ".join(parts)
+
+
+def format_sample(question: str, completion: str, reward: float, width: int = 300) -> str:
+    short = lambda s: s if len(s) <= width else s[:width] + "..."
+    return f"--- prompt: {short(question)!r}\n--- completion (reward {reward:.3f}): {short(completion)!r}"

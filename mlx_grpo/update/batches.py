@@ -1,0 +1,96 @@
+"""A step's completions as the micro-batches of its updates, with the constants they need.
+
+The step is cut into `accumulation_steps` parts of whole groups, each part into chunks of
+`micro_batch_size` sequences. Every chunk carries its part's normalisers (dapo: the whole
+step's token count), so the summed chunk losses equal the loss of the unsplit part. Across
+ranks each token count is the mean over ranks (see distributed.py), so the averaged
+gradients equal the one-process ones.
+"""
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from mlx_grpo.algorithm.advantages import group_advantages
+from mlx_grpo.algorithm.loss import pack_sequences, token_logprobs
+from mlx_grpo.distributed import SINGLE
+from mlx_grpo.models.reference import has_reference, reference_logprobs
+from mlx_grpo.update.settings import UpdateSettings
+
+PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
+
+
+@dataclass
+class MicroBatch:
+    """The sequences of one forward/backward pass, with the normalisers of the loss."""
+
+    inputs: mx.array  # (n, L) right-padded prompt + completion
+    positions: mx.array  # (n, T) logit positions that predict each completion token
+    targets: mx.array  # (n, T) completion token ids
+    mask: mx.array  # (n, T) 1 on scored tokens
+    advantages: mx.array  # (n,)
+    num_items: float  # tokens the loss is divided by (bnpo, dapo)
+    num_sequences: int  # sequences the loss is divided by (grpo, dr_grpo)
+    ref_logp: mx.array | None = None
+    old_logp: mx.array | None = None
+
+
+def step_advantages(rewards, group_size: int, scale: str, world=SINGLE) -> mx.array:
+    """This rank's rows of the advantages taken over every rank's rewards, so that
+    scale_rewards = "batch" sees the whole step."""
+    everyone = world.gather({"r": rewards})["r"]
+    n = len(rewards)
+    return group_advantages(everyone, group_size, scale)[world.rank * n:(world.rank + 1) * n]
+
+
+def make_micro_batches(rollout, advantages, s: UpdateSettings, world=SINGLE) -> list[MicroBatch]:
+    """Split a step's rows into the forward/backward chunks of its accumulation parts."""
+    n = len(rollout.completion_tokens)
+    part = n // s.accumulation_steps
+    size = s.micro_batch_size or part
+    drop = [s.mask_truncated and cut for cut in rollout.truncated]
+    kept = [0 if d else len(c) for d, c in zip(drop, rollout.completion_tokens)]
+    starts = range(0, n, part)
+    local = [float(sum(kept[s0:s0 + part])) for s0 in starts] + [float(sum(kept))]
+    *part_tokens, step_tokens = world.mean(local)
+    batches = []
+    for start, tokens in zip(starts, part_tokens):
+        for lo in range(start, start + part, size):
+            rows = range(lo, min(lo + size, start + part))
+            inputs, positions, targets, mask = pack_sequences(
+                [rollout.prompt_tokens[i] for i in rows],
+                [rollout.completion_tokens[i] for i in rows], pad_to=PAD_TO,
+            )
+            if any(drop[i] for i in rows):
+                mask = mask * mx.array([0.0 if drop[i] else 1.0 for i in rows])[:, None]
+            batches.append(MicroBatch(
+                inputs, positions, targets, mask, advantages[lo:rows.stop],
+                num_items=step_tokens if s.loss_type == "dapo" else tokens,
+                num_sequences=part,
+            ))
+    return batches
+
+
+def make_batches(model, ref_model, rollout, advantages, s: UpdateSettings, world=SINGLE) -> list[MicroBatch]:
+    """The micro-batches of a step with their constant log-probs: the reference's (only with a
+    KL term) and the sampling policy's (only when num_iterations > 1, for the later updates)."""
+    batches = make_micro_batches(rollout, advantages, s, world)
+    for b in batches:
+        if has_reference(s.beta):
+            b.ref_logp = reference_logprobs(model, ref_model, b, s.temperature)
+        if s.num_iterations > 1:
+            b.old_logp = mx.stop_gradient(
+                token_logprobs(model, b.inputs, b.positions, b.targets, s.temperature)
+            )
+        mx.eval(b.ref_logp, b.old_logp)
+    return batches
+
+
+def prepare_batches(model, ref_model, rollout, rewards, settings, world=SINGLE) -> list[MicroBatch]:
+    """`make_batches` from one step's rewards: their advantages first.
+
+    `rollout` and `rewards` are this rank's rows; `settings` an UpdateSettings (or a Config).
+    """
+    s = UpdateSettings.of(settings)
+    advantages = step_advantages(rewards, rollout.group_size, s.scale_rewards, world)
+    return make_batches(model, ref_model, rollout, advantages, s, world)

@@ -37,7 +37,7 @@ def test_every_variant_is_checked_before_any_run(tmp_path):
                          overrides=[f'output_dir="{tmp_path}"'])
     assert root == tmp_path / "sweep"
     assert [(c.grpo.beta, c.grpo.loss_type, c.training.max_steps) for _, c in planned] == [
-        (0.0, "grpo", 7), (0.1, "grpo", 7), (0.04, "grpo", 7), (0.04, "dapo", 7)]
+        (0.0, "dapo", 7), (0.1, "dapo", 7), (0.0, "grpo", 7), (0.0, "dapo", 7)]
     assert planned[3][1].output_dir == str(tmp_path / "sweep" / "grpo.loss_type=dapo")
     with pytest.raises(ConfigError, match="--set grpo.beta=-1: grpo.beta must be >= 0"):
         plan(SMOKE, ["grpo.beta=0,-1"])

@@ -24,15 +24,14 @@ from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
-from mlx_grpo.rollout.score import rollout_metrics, sample_and_score
+from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, CONFIG, METRICS, checkpoint_dir
 from mlx_grpo.run.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
 from mlx_grpo.run.watch import RunWatcher
-from mlx_grpo.update.batches import make_batches, step_advantages
-from mlx_grpo.update.step import run_updates
+from mlx_grpo.update.step import optimize
 
 
 def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False) -> Path:
@@ -55,13 +54,10 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
     stream = prompt_stream(tr.examples, groups, cfg, start)
+    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world)
     log = StepLog(cfg, fresh=start is None) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
-
-    def draw(n):  # n of this rank's prompts, taken from the same global stream on every rank
-        examples = local_share(stream.take(n * world.size), t.prompts_per_step, world)
-        return sample_and_score(tr.model, tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling)
 
     stop = StopRequest()  # SIGINT/SIGTERM only set a flag, read once per step
     bar = tqdm(range(first, t.max_steps + 1), desc="grpo", dynamic_ncols=True, initial=first - 1,
@@ -69,31 +65,15 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     for step in stop.watch(bar):
         tic = time.perf_counter()
         mx.reset_peak_memory()
-        if g.dynamic_sampling:  # sample and score until enough groups have reward spread
-            kept, drawn, sampling_metrics = fill_groups(draw, groups, g.max_resample_rounds)
-            kept, parts = fit_parts(kept, t.gradient_accumulation_steps)
-        else:  # sample and score
-            kept = drawn = draw(groups // world.size)
-            sampling_metrics, parts = {}, t.gradient_accumulation_steps
-        update_metrics = {}
+        kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
+                                                      g.dynamic_sampling, g.max_resample_rounds, world)
+        update_metrics = {}  # none when no group was kept or the update was skipped
         if kept.rewards:
-            settings = tr.settings.with_parts(parts)
-            advantages = step_advantages(kept.rewards, kept.rollout.group_size, settings.scale_rewards, world)
             try:
-                batches = make_batches(tr.model, tr.ref_model, kept.rollout, advantages, settings, world)
-                update_metrics = run_updates(tr.model, tr.optimizer, batches, tr.grad_fn, settings, world)
+                update_metrics = update(tr, kept, parts, world)
             except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
                 bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
-        else:
-            tqdm.write(f"step {step}: no group had reward spread in "
-                       f"{sampling_metrics['dynamic_sampling/rounds']} rounds; update skipped")
-        step_time = world.max(time.perf_counter() - tic)
-        metrics = {
-            "step": step, **rollout_metrics(drawn, g.scale_rewards, world), **sampling_metrics, **update_metrics,
-            "step_time": step_time,
-            "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
-            "peak_memory_gb": world.max(mx.get_peak_memory() / 1e9),
-        }
+        metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
         if run_eval and step % cfg.eval.every == 0:
             metrics.update(run_eval(tr.model))
         if log:  # the other ranks only take part in the reductions
@@ -109,6 +89,49 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
         return checkpoint_dir(out, t.max_steps)
     log.finish(ckpt)
     return ckpt
+
+
+def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: int, world):
+    """draw(n): n of this rank's prompts, taken from the same global stream on every rank, sampled
+    and scored."""
+    def draw(n: int) -> ScoredRollout:
+        examples = local_share(stream.take(n * world.size), prompts_per_step, world)
+        return sample_and_score(tr.model, tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling)
+    return draw
+
+
+def sample(draw, step: int, groups: int, accumulation_steps: int, dynamic_sampling: bool, max_rounds: int, world):
+    """Sample and score the step's completions: (kept to train on, drawn in all, sampling metrics,
+    accumulation parts). With grpo.dynamic_sampling, rounds are drawn until enough groups have
+    reward spread; when none has, the step trains on nothing and says so.
+    """
+    if not dynamic_sampling:
+        drawn = draw(groups // world.size)
+        return drawn, drawn, {}, accumulation_steps
+    kept, drawn, metrics = fill_groups(draw, groups, max_rounds)
+    kept, parts = fit_parts(kept, accumulation_steps)
+    if not kept.rewards:
+        tqdm.write(f"step {step}: no group had reward spread in {metrics['dynamic_sampling/rounds']} rounds; "
+                   "update skipped")
+    return kept, drawn, metrics, parts
+
+
+def update(tr: Trainer, kept: ScoredRollout, parts: int, world) -> dict:
+    """Advantages, then num_iterations optimizer updates on the kept completions; their metrics."""
+    return optimize(tr.model, tr.optimizer, tr.ref_model, kept.rollout, kept.rewards,
+                    tr.settings.with_parts(parts), world, grad_fn=tr.grad_fn)
+
+
+def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,
+                 update_metrics: dict, world) -> dict:
+    """The step's row of metrics.jsonl, reduced over the ranks."""
+    step_time = world.max(time.perf_counter() - tic)
+    return {
+        "step": step, **rollout_metrics(drawn, scale_rewards, world), **sampling_metrics, **update_metrics,
+        "step_time": step_time,
+        "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
+        "peak_memory_gb": world.max(mx.get_peak_memory() / 1e9),
+    }
 
 
 def prompt_stream(examples, groups: int, cfg, start) -> PromptStream:

@@ -192,13 +192,13 @@ def default_output(loaded, split: str) -> Path:
 
 
 def main(args) -> dict:
+    from mlx_grpo.commands.setup import make_rewards
     from mlx_grpo.models.load import load_base
     from mlx_grpo.models.named import load_model
-    from mlx_grpo.rewards import RewardSet
 
     loaded = load_model(args.model, args.adapter) if args.model else None
     cfg = _eval_config(args, loaded)
-    if loaded is None:  # the configured base, loaded as training loads it
+    if loaded is None:  # the configured base, loaded as setup.build_policy loads it before adapters
         model, tokenizer, _ = load_base(cfg.model)
     else:
         model, tokenizer = loaded.model, loaded.tokenizer
@@ -206,8 +206,7 @@ def main(args) -> dict:
     limit = cfg.eval.limit if args.limit is None else args.limit
     settings = EvalSettings.from_config(cfg, num_samples=args.num_samples, max_new_tokens=args.max_tokens,
                                         temperature=args.temperature)
-    base_dir = Path(args.config).parent if args.config else None
-    reward_set = RewardSet.from_config(cfg.rewards, base_dir=base_dir)
+    reward_set = make_rewards(cfg, args.config, group_size=1)
     examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
     mx.random.seed(cfg.seed if args.seed is None else args.seed)
     result = evaluate(model, tokenizer, examples, reward_set, settings)

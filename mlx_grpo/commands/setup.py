@@ -44,10 +44,15 @@ def build_policy(cfg):
     return model, tokenizer, base_path, num_layers
 
 
-def make_rewards(cfg, config_path: str | None = None) -> RewardSet:
-    """The configured rewards; a reward file's relative path is tried against the profile's folder."""
+def make_rewards(cfg, config_path: str | None = None, group_size: int | None = None) -> RewardSet:
+    """The configured rewards; a reward file's relative path is tried against the profile's folder.
+
+    `group_size` (completions per prompt, which a reward's error names the prompt by) defaults to
+    generation.num_generations; eval scores one greedy completion per prompt and passes 1.
+    """
     base_dir = Path(config_path).parent if config_path else None
-    return RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=cfg.generation.num_generations)
+    group_size = cfg.generation.num_generations if group_size is None else group_size
+    return RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=group_size)
 
 
 @dataclass

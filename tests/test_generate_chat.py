@@ -13,7 +13,7 @@ import pytest
 from mlx_grpo.commands.chat import ChatSession, chat_loop
 from mlx_grpo.cli import main
 from mlx_grpo.commands.generate import generate_answer, stream_answer
-from mlx_grpo.data.chat import conversation, render_messages
+from mlx_grpo.data.chat import conversation, render_messages, render_prompt
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 from mlx_grpo.rollout.sample import make_rollout_sampler
 
@@ -35,6 +35,20 @@ def test_generate_streams_pieces_that_add_up_to_mlx_lm_answer(tiny):
                                 max_tokens=40)
     assert answer.text == reference and "<answer>" in answer.text
     assert answer.finish_reason == "stop" and answer.tokens[-1] in tokenizer.eos_token_ids
+
+
+def test_a_tokenizer_without_a_template_gets_training_s_plain_text_in_chat_too():
+    class Plain:  # no chat_template; one id per character
+        def encode(self, text, add_special_tokens=True):
+            return [ord(c) for c in text]
+
+    tok = Plain()
+    messages = [*conversation("Be brief.", "2 + 3?"), {"role": "assistant", "content": "5"},
+                {"role": "user", "content": "and 4 + 1?"}]
+    text = "Be brief.\n\nUser: 2 + 3?\nAssistant: 5\nUser: and 4 + 1?\nAssistant:"
+    assert render_messages(tok, messages) == [ord(c) for c in text]
+    # The first turn is exactly the prompt training renders for the question.
+    assert render_messages(tok, messages[:2]) == tok.encode(render_prompt(tok, "2 + 3?", "Be brief."))
 
 
 def test_generate_stops_at_max_tokens(tiny):

@@ -1,8 +1,9 @@
 """One answer to one prompt, streamed as mlx-lm produces it (`mlx-grpo generate`).
 
 The prompt is put in the model's chat template with the run's system prompt, as training
-saw it; a tokenizer without a chat template gets the text as it is. Decoding is mlx-lm's
-`stream_generate`; each text piece goes to `on_text` the moment it is decoded.
+saw it; a tokenizer without a chat template gets training's plain `User:`/`Assistant:` text
+(data/chat.py). Decoding is mlx-lm's `stream_generate`; each text piece goes to `on_text` the
+moment it is decoded.
 """
 
 from collections.abc import Callable

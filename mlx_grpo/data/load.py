@@ -12,7 +12,7 @@ from pathlib import Path
 import random
 import sys
 
-from mlx_grpo.data.chat import has_chat_template, render_prompt
+from mlx_grpo.data.chat import has_chat_template, plain_prompt, render_prompt
 from mlx_grpo.errors import UserError
 
 # The whole training pool once, and 200 of the 325 held-out questions. The rows never depend on
@@ -139,7 +139,7 @@ def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None,
         raise DataError(f"data.dataset: split {split!r} of {_label(cfg.dataset, split)!r} has no rows")
     if not has_chat_template(tokenizer):
         print("mlx-grpo: warning: the model's tokenizer has no chat template; prompts use the plain "
-              "'User: ...\\nAssistant:' format", file=sys.stderr)
+              f"{plain_prompt('...')!r} format", file=sys.stderr)
     examples, skipped = build_examples(rows, tokenizer, cfg, label=_label(cfg.dataset, split))
     if skipped:
         print(f"data: skipped {skipped} of {len(rows)} prompts longer than data.max_prompt_tokens={cfg.max_prompt_tokens}")

@@ -13,6 +13,7 @@ import sys
 from mlx_lm.models.cache import can_trim_prompt_cache, make_prompt_cache, trim_prompt_cache
 from mlx_lm.utils import common_prefix_len
 
+from mlx_grpo.commands.args import add_model_args, add_sampling_args
 from mlx_grpo.commands.generate import print_piece, stream_answer
 from mlx_grpo.data.chat import render_messages
 
@@ -104,6 +105,11 @@ def chat_loop(session: ChatSession, read: Callable[[str], str] = input, out=None
         else:
             _, stopped = session.reply(line.strip(), on_text=lambda s: print_piece(s, out))
             out.write(" [stopped]\n" if stopped else "\n")
+
+
+def add_arguments(parser):
+    add_model_args(parser)
+    add_sampling_args(parser)
 
 
 def main(args):

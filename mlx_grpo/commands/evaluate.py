@@ -21,6 +21,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
+from mlx_grpo.commands.args import add_model_args, number_at_least, seed_number
 from mlx_grpo.data.load import load_examples
 from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
 from mlx_grpo.rng import capture_rng, restore_rng
@@ -189,6 +190,23 @@ def default_output(loaded, split: str) -> Path:
     if loaded is not None and loaded.run_dir is not None:
         return loaded.run_dir / f"eval_{split}_{loaded.checkpoint.name}.json"
     return Path.cwd() / f"eval_{split}.json"
+
+
+def add_arguments(parser):
+    parser.add_argument("--config", default=None, help="profile (default: the config of the run M comes from)")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    add_model_args(parser, required=False)
+    parser.add_argument("--split", default=None, help="default: eval.split")
+    parser.add_argument("--limit", type=number_at_least(0), default=None,
+                        help="first N distinct prompts (default: eval.limit)")
+    parser.add_argument("--num-samples", type=number_at_least(1), default=None, metavar="K",
+                        help="K > 1 adds maj@K and pass@K")
+    parser.add_argument("--temperature", type=number_at_least(0.0, float), default=None,
+                        help="for the K samples (default: eval.temperature)")
+    parser.add_argument("--max-tokens", type=number_at_least(1), default=None, help="default: eval.max_new_tokens")
+    parser.add_argument("--seed", type=seed_number, default=None, help="default: the config's seed")
+    parser.add_argument("--out", "--json", dest="out", default=None, metavar="FILE",
+                        help="results JSON (default: the run folder, else ./eval_<split>.json)")
 
 
 def main(args) -> dict:

@@ -13,6 +13,7 @@ import sys
 import mlx.core as mx
 from mlx_lm.generate import stream_generate
 
+from mlx_grpo.commands.args import add_model_args, add_sampling_args
 from mlx_grpo.data.chat import conversation, render_messages
 from mlx_grpo.rollout.sample import make_rollout_sampler
 
@@ -56,6 +57,13 @@ def print_piece(text: str, out=None):
     out = out or sys.stdout
     out.write(text)
     out.flush()  # a terminal shows each piece as it comes, not when a line ends
+
+
+def add_arguments(parser):
+    add_model_args(parser)
+    parser.add_argument("--prompt", required=True, metavar="TEXT")
+    add_sampling_args(parser)
+    parser.add_argument("--no-stream", dest="stream", action="store_false", help="print the answer at the end")
 
 
 def main(args) -> Answer:

@@ -276,3 +276,12 @@ def write_report(run_dirs, out=None) -> Path:
     else:
         out.write_text(render_html(runs, labels, png), encoding="utf-8")
     return out
+
+
+def add_arguments(parser):
+    parser.add_argument("runs", nargs="+", metavar="RUN_DIR", help="a run's output_dir (several are overlaid)")
+    parser.add_argument("--out", metavar="FILE", help="FILE.png or FILE.html (default: report.html in the run folder)")
+
+
+def main(args):
+    print(f"mlx-grpo report: wrote {write_report(args.runs, args.out)}")

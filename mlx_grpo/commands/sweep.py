@@ -13,9 +13,10 @@ import itertools
 import json
 from pathlib import Path
 import re
+import sys
 import time
 
-from mlx_grpo.commands.report import fmt_cell, run_summary
+from mlx_grpo.commands.report import ReportError, fmt_cell, run_summary, write_report
 from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.run.log import read_metrics
 
@@ -128,3 +129,25 @@ def results_table(results: list[dict]) -> str:
              for row in rows]
     lines.insert(1, "  ".join("-" * w for w in widths))
     return "\n".join(lines)
+
+
+def add_arguments(parser):
+    parser.add_argument("--config", required=True, help="TOML profile the runs start from")
+    parser.add_argument("--vary", action="append", default=[], required=True, metavar="KEY=V1,V2,...",
+                        help="values to try for one key, e.g. --vary grpo.beta=0,0.04,0.1 (repeatable)")
+    parser.add_argument("--steps", type=int, help="training.max_steps of every run")
+    parser.add_argument("--grid", action="store_true", help="every combination of the --vary values, "
+                        "instead of one key at a time")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key in every run (repeatable)")
+    parser.add_argument("--overwrite", action="store_true", help="replace runs of an earlier sweep")
+
+
+def main(args):
+    results = run_sweep(args.config, args.vary, steps=args.steps, grid=args.grid, overrides=args.overrides,
+                        overwrite=args.overwrite)
+    print(results_table(results))
+    try:
+        print(f"mlx-grpo sweep: wrote {write_report([r['dir'] for r in results])}")
+    except ReportError as e:  # the runs are done and tabulated; only the picture is missing
+        print(f"mlx-grpo sweep: no report: {e}", file=sys.stderr)

@@ -5,11 +5,13 @@ for each (one batched decode) and score them (rollout/), turn the scores into gr
 advantages (algorithm/), make num_iterations optimizer updates on those completions (update/),
 then log the step and checkpoint it when due (run/). With grpo.dynamic_sampling, groups whose
 rewards are all equal are dropped and more prompts drawn. `setup` (commands/setup.py) builds
-what the loop runs on; this file only composes the stages.
+what the loop runs on; this file composes the stages, and its `main` is the command line's.
 """
 
 from pathlib import Path
+import shlex
 import signal
+import sys
 import time
 
 import mlx.core as mx
@@ -19,7 +21,7 @@ from tqdm import tqdm
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
-from mlx_grpo.config import save_config
+from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
 from mlx_grpo.errors import NonFiniteError, TrainingError
@@ -219,3 +221,31 @@ class StepLog:
         if self.watcher.summary():
             print(self.watcher.summary())
         print(f"mlx-grpo: done; final checkpoint {ckpt}")
+
+
+def add_arguments(parser):
+    parser.add_argument("--config", required=True, help="TOML profile, e.g. configs/smoke_test.toml")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+        help="override a config key with a TOML value, e.g. --set training.max_steps=20 (repeatable)",
+    )
+    start = parser.add_mutually_exclusive_group()
+    start.add_argument("--resume", action="store_true",
+                       help="continue from the newest checkpoint in output_dir (as checkpoint.resume = true)")
+    start.add_argument("--overwrite", action="store_true", help="replace a run already in output_dir")
+    parser.add_argument("--force", action="store_true",
+                        help="resume even though the config differs from the run's")
+
+
+def main(args) -> int:
+    """The exit code: 0, or a stopped run's (it prints the command that resumes it)."""
+    cfg = load_config(args.config, args.overrides)
+    cfg.checkpoint.resume = cfg.checkpoint.resume or args.resume
+    try:
+        train(cfg, config_path=args.config, overwrite=args.overwrite, force=args.force)
+    except RunStopped as e:
+        again = " ".join(["mlx-grpo train --config", shlex.quote(args.config),
+                          *(f"--set {shlex.quote(o)}" for o in args.overrides), "--resume"])
+        print(f"mlx-grpo: {e}\nmlx-grpo: resume with: {again}", file=sys.stderr)
+        return e.exit_code
+    return 0

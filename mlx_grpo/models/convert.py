@@ -55,6 +55,17 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
     return Path(mlx_path).expanduser()
 
 
+def add_arguments(parser):
+    parser.add_argument("--hf-path", required=True, metavar="ID_OR_DIR")
+    parser.add_argument("--mlx-path", required=True, metavar="DIR")
+    parser.add_argument("--quantize", "-q", action="store_true")
+    parser.add_argument("--q-bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8))
+    parser.add_argument("--q-group-size", type=int, default=64, choices=(32, 64, 128))
+    parser.add_argument("--dtype", default=None, choices=DTYPES, help="default: as the checkpoint stores it")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --mlx-path")
+    parser.add_argument("--trust-remote-code", action="store_true")
+
+
 def main(args) -> Path:
     dst = convert_model(args.hf_path, args.mlx_path, quantize=args.quantize, q_bits=args.q_bits,
                         q_group_size=args.q_group_size, dtype=args.dtype, force=args.force,

@@ -36,6 +36,14 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
     return Path(out).expanduser()
 
 
+def add_arguments(parser):
+    parser.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
+    parser.add_argument("--out", required=True, metavar="DIR")
+    parser.add_argument("--adapter", default=None, metavar="DIR", help="an adapter folder, when SOURCE is its base")
+    parser.add_argument("--dequantize", action="store_true", help="write float weights for a quantized base")
+    parser.add_argument("--force", action="store_true", help="replace a non-empty --out")
+
+
 def main(args) -> Path:
     dst = export_model(args.source, args.out, adapter=args.adapter, dequantize=args.dequantize,
                        force=args.force)

@@ -1,5 +1,6 @@
 """The run folder's layout: every file name a run writes, in one place.
 
+    <output_dir>/.lock                         held (flock) by the process training here
     <output_dir>/config.toml                   the resolved config
     <output_dir>/metrics.jsonl                 one JSON object per step
     <output_dir>/completions.jsonl             the logged sample completions
@@ -18,6 +19,7 @@ METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
 CHECKPOINTS = "checkpoints"
 RUN_FILES = (CONFIG, METRICS, COMPLETIONS, CHECKPOINTS)  # what makes a folder hold a run
+LOCK = ".lock"  # run/lock.py: one training process per run folder
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.safetensors"

@@ -1,0 +1,59 @@
+"""A run folder no one can corrupt: its lock, damaged checkpoints and logs, failed starts, and
+one line for every bad file (issue 19). Each case is a unit call or a 1-2 step run."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlx_grpo import cli
+from mlx_grpo.config import load_config
+from mlx_grpo.run.lock import RunFolderBusy, lock_run_folder
+
+SMOKE = "configs/smoke_test.toml"
+RUN = ["training.prompts_per_step=2", "generation.max_new_tokens=8", "training.learning_rate=1e-3",
+       "checkpoint.save_every=1", "checkpoint.keep_last=5", "logging.log_completions=0"]
+
+
+def _sets(out, steps, *extra):
+    items = RUN + [f"training.max_steps={steps}", f'output_dir="{out}"', *extra]
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("mlx-grpo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# --- the lock ---------------------------------------------------------------------------------
+
+def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom mlx_grpo.run.lock import lock_run_folder\n"
+         f"with lock_run_folder({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        tic = time.monotonic()
+        for extra in ([], ["--resume"]):
+            assert cli.main(["--config", SMOKE, *_sets(out, 1), *extra]) == 2
+            _one_line_error(capsys, "in use by", f"PID {holder.pid}", socket.gethostname())
+        assert time.monotonic() - tic < 10  # refused at once, before loading anything
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with lock_run_folder(out):  # a SIGKILL leaves no stale lock behind
+        with pytest.raises(RunFolderBusy, match=f"PID {os.getpid()} on"):
+            with lock_run_folder(out):  # a second open file in the same process is refused too
+                pass

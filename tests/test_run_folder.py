@@ -57,3 +57,33 @@ def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(
         with pytest.raises(RunFolderBusy, match=f"PID {os.getpid()} on"):
             with lock_run_folder(out):  # a second open file in the same process is refused too
                 pass
+
+
+# --- metrics.jsonl on resume ------------------------------------------------------------------
+
+def test_resume_keeps_every_readable_row_and_moves_damaged_lines_aside(tmp_path):
+    from mlx_grpo.run.log import read_metrics, truncate_jsonl
+
+    rows = [json.dumps({"step": s, "loss": 0.5}) for s in range(1, 13)]
+    rows[4] = '{"step": 5, "lo\xff'  # row 5 of 12 damaged (and not even UTF-8 after encoding)
+    rows[7] = "[8]"  # valid JSON, but not a row
+    (tmp_path / "metrics.jsonl").write_bytes("\n".join(rows).encode("latin-1") + b'\n{"step": 13, "lo')
+    assert truncate_jsonl(tmp_path / "metrics.jsonl", 10) == [5, 8, 13]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 6, 7, 9, 10]
+    aside = (tmp_path / "metrics.jsonl.damaged").read_bytes().splitlines()
+    assert aside == [rows[4].encode("latin-1"), b"[8]", b'{"step": 13, "lo']
+
+
+def test_a_resumed_run_reports_the_damaged_metrics_line(tmp_path, capsys):
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 2)]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("garbage\n" + lines[1] + "\n")
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "metrics.jsonl: 1 unreadable line(s) (1) moved to metrics.jsonl.damaged" in err
+    assert [r["step"] for r in read_metrics(out)] == [2, 3]
+    assert (out / "metrics.jsonl.damaged").read_text() == "garbage\n"

@@ -4,6 +4,8 @@
     <output_dir>/config.toml                   the resolved config
     <output_dir>/metrics.jsonl                 one JSON object per step
     <output_dir>/completions.jsonl             the logged sample completions
+    <output_dir>/metrics.jsonl.damaged         lines a resume could not read, moved aside (likewise
+                                               completions.jsonl.damaged)
     <output_dir>/checkpoints/step_NNNNNN/      model.safetensors + config.json + tokenizer (full)
                                                or adapters.safetensors + adapter_config.json (LoRA),
                                                optimizer.safetensors, config.toml, and
@@ -19,6 +21,7 @@ METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
 CHECKPOINTS = "checkpoints"
 RUN_FILES = (CONFIG, METRICS, COMPLETIONS, CHECKPOINTS)  # what makes a folder hold a run
+DAMAGED_SUFFIX = ".damaged"  # metrics.jsonl.damaged: lines a resume could not read, kept
 LOCK = ".lock"  # run/lock.py: one training process per run folder
 
 TRAINER_STATE = "trainer_state.json"

@@ -87,3 +87,36 @@ def test_a_resumed_run_reports_the_damaged_metrics_line(tmp_path, capsys):
     assert "metrics.jsonl: 1 unreadable line(s) (1) moved to metrics.jsonl.damaged" in err
     assert [r["step"] for r in read_metrics(out)] == [2, 3]
     assert (out / "metrics.jsonl.damaged").read_text() == "garbage\n"
+
+
+# --- a start that failed ----------------------------------------------------------------------
+
+def test_config_toml_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    from mlx_grpo.config import save_config
+
+    def full(self, text, **kwargs):
+        open(self, "w").close()  # the file is created, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError):
+        save_config(load_config(SMOKE), tmp_path / "config.toml")
+    assert not (tmp_path / "config.toml").exists()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_left_by_a_failed_start_is_not_yet_a_run(tmp_path, capsys, resume):
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step_000001.tmp").mkdir(parents=True)
+    (out / "config.toml").write_text("")  # as a full disk left it before this fix
+    (out / "metrics.jsonl").write_text("")
+    (out / "notes.txt").write_text("mine")
+    assert cli.main(["--config", SMOKE, *_sets(out, 1), *(["--resume"] if resume else [])]) == 0
+    assert [r["step"] for r in read_metrics(out)] == [1]
+    assert load_config(out / "config.toml").training.max_steps == 1
+    assert (out / "notes.txt").read_text() == "mine"

@@ -290,4 +290,6 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write `cfg` as TOML; `load_config(path)` gives back an equal Config."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    os.replace(tmp, path)  # whole or not at all: a full disk never leaves a 0-byte config.toml

@@ -20,7 +20,7 @@ from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.run.checkpoint import load_optimizer_state
 from mlx_grpo.run.layout import (
-    ADAPTER_WEIGHTS, CONFIG, RUN_FILES, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
+    ADAPTER_WEIGHTS, CONFIG, METRICS, RUN_FILES, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
     read_trainer_state,
 )
 
@@ -60,12 +60,22 @@ def config_differences(saved: dict, current: dict) -> list[str]:
 
 
 def _held_run(out: Path) -> list[str]:
+    """The run files in `out`, or none while it holds no run yet: a start that failed before
+    its first step (a full disk, a crash) leaves config.toml and an empty metrics.jsonl but no
+    checkpoint and no metrics row, and a rerun or --resume may start there afresh."""
+    metrics = out / METRICS
+    if not list_checkpoints(out) and not (metrics.is_file() and metrics.stat().st_size > 0):
+        return []
     return [name for name in RUN_FILES if (out / name).exists()]
 
 
 def _check_same_run(cfg, config_file: Path, force: bool) -> None:
-    with open(config_file, "rb") as f:
-        saved = tomllib.load(f)
+    try:
+        with open(config_file, "rb") as f:
+            saved = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TrainingError(f"checkpoint.resume: {config_file} is damaged ({e}); "
+                            "pass --overwrite to start this run over") from e
     diffs = config_differences(saved, config_to_dict(cfg))
     if diffs and not force:
         raise TrainingError(
@@ -100,7 +110,7 @@ def open_run(cfg, *, overwrite: bool = False, force: bool = False) -> ResumePoin
         return None
     ckpt = latest_checkpoint(out)
     config_file = (ckpt or out) / CONFIG
-    if config_file.exists():
+    if held and config_file.exists():
         _check_same_run(cfg, config_file, force)
     if ckpt is None:
         print(f"mlx-grpo: no complete checkpoint in {out}; starting from step 1")

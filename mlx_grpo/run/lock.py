@@ -29,8 +29,10 @@ def _holder(fd: int) -> str:
 def lock_run_folder(output_dir):
     """Hold `<output_dir>/.lock` for the block; raise RunFolderBusy at once if it is taken."""
     out = Path(output_dir)
+    created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
+    locked = False
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -39,8 +41,15 @@ def lock_run_folder(output_dir):
                 f"output_dir: {out} is in use by {_holder(fd)} (lock {out / LOCK}); "
                 "wait for that run to end or choose another output_dir"
             ) from None
+        locked = True
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
-        os.close(fd)  # releases the lock; the file stays, empty locks are harmless
+        # A run that stopped before writing anything leaves no folder behind if it made it.
+        untouched = locked and created and [p.name for p in out.iterdir()] == [LOCK]
+        if untouched:
+            (out / LOCK).unlink()
+        os.close(fd)  # releases the lock; otherwise the file stays, a released lock is harmless
+        if untouched:
+            out.rmdir()

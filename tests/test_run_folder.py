@@ -120,3 +120,84 @@ def test_a_folder_left_by_a_failed_start_is_not_yet_a_run(tmp_path, capsys, resu
     assert [r["step"] for r in read_metrics(out)] == [1]
     assert load_config(out / "config.toml").training.max_steps == 1
     assert (out / "notes.txt").read_text() == "mine"
+
+
+# --- damaged checkpoints ----------------------------------------------------------------------
+
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    """An uninterrupted 3-step full fine-tune with a checkpoint per step."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 3)]) == 0
+    return out
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {  # file in the newest checkpoint: what is done to it
+    "model.safetensors": _truncate,
+    "optimizer.safetensors": lambda p: p.write_bytes(b""),
+    "trainer_state.json": lambda p: p.write_text("{garbage"),
+    "config.toml": lambda p: p.write_bytes(b"\x00\x01 not toml"),
+}
+
+
+@pytest.mark.parametrize("name", DAMAGE)
+def test_resume_skips_a_damaged_newest_checkpoint_and_resumes_exactly(tmp_path, three_steps, capsys, name):
+    import shutil
+
+    import mlx.core as mx
+
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    shutil.rmtree(out / "checkpoints" / "step_000003")  # as if killed during step 3
+    DAMAGE[name](out / "checkpoints" / "step_000002" / name)
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"damaged checkpoint(s) skipped: step_000002: {name}" in err and "resuming from step_000001" in err
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert strip(read_metrics(out)) == strip(read_metrics(three_steps))
+    a = mx.load(str(out / "checkpoints" / "step_000003" / "model.safetensors"))
+    b = mx.load(str(three_steps / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+def test_resume_with_no_intact_checkpoint_is_one_line(tmp_path, three_steps, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "model.safetensors").write_bytes(b"")
+    assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
+    _one_line_error(capsys, "no intact checkpoint", "step_000003: model.safetensors has 0 bytes", "--overwrite")
+
+
+def test_an_unverified_old_checkpoint_that_does_not_load_is_one_line(tmp_path, three_steps, capsys):
+    """A checkpoint from before manifests: accepted if its state parses, checked by loading."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    ckpt = out / "checkpoints" / "step_000003"
+    (ckpt / "manifest.json").unlink()
+    _truncate(ckpt / "model.safetensors")
+    assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
+    _one_line_error(capsys, "cannot load", "step_000003")
+
+
+def test_resume_with_max_steps_below_the_checkpoint_is_one_line(tmp_path, three_steps, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    assert cli.main(["--config", SMOKE, *_sets(out, 2), "--resume"]) == 2
+    _one_line_error(capsys, "training.max_steps: 2 is below step 3")

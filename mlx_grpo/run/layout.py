@@ -8,9 +8,10 @@
                                                completions.jsonl.damaged)
     <output_dir>/checkpoints/step_NNNNNN/      model.safetensors + config.json + tokenizer (full)
                                                or adapters.safetensors + adapter_config.json (LoRA),
-                                               optimizer.safetensors, config.toml, and
-                                               trainer_state.json, written last: it marks the
-                                               checkpoint complete.
+                                               optimizer.safetensors, config.toml,
+                                               trainer_state.json (it marks the checkpoint
+                                               complete) and manifest.json, written last: the
+                                               size and sha256 of every other file.
 """
 
 import json
@@ -26,6 +27,7 @@ LOCK = ".lock"  # run/lock.py: one training process per run folder
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.safetensors"
+MANIFEST = "manifest.json"
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"  # mlx-lm's: a folder holding it is a whole model

@@ -188,7 +188,7 @@ def test_an_unverified_old_checkpoint_that_does_not_load_is_one_line(tmp_path, t
     out = tmp_path / "run"
     shutil.copytree(three_steps, out)
     ckpt = out / "checkpoints" / "step_000003"
-    (ckpt / "manifest.json").unlink()
+    (ckpt / "checkpoint_manifest.json").unlink()
     _truncate(ckpt / "model.safetensors")
     assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
     _one_line_error(capsys, "cannot load", "step_000003")
@@ -201,3 +201,35 @@ def test_resume_with_max_steps_below_the_checkpoint_is_one_line(tmp_path, three_
     shutil.copytree(three_steps, out)
     assert cli.main(["--config", SMOKE, *_sets(out, 2), "--resume"]) == 2
     _one_line_error(capsys, "training.max_steps: 2 is below step 3")
+
+
+COMMANDS = {  # a command on a model M
+    "generate": lambda m, tmp: ["generate", "--model", m, "--prompt", "1+1?", "--max-tokens", "2"],
+    "eval": lambda m, tmp: ["eval", "--model", m, "--limit", "1", "--max-tokens", "2"],
+    "export": lambda m, tmp: ["export", m, "--out", str(tmp / "exported")],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_commands_on_a_damaged_checkpoint_give_one_line_naming_the_file(tmp_path, three_steps, capsys, command,
+                                                                        name):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    _truncate(out / "checkpoints" / "step_000003" / name)
+    assert cli.main(COMMANDS[command](str(out), tmp_path)) == 2
+    _one_line_error(capsys, "step_000003 is damaged", name)
+    assert not (tmp_path / "exported").exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_commands_on_a_model_folder_with_truncated_weights_give_one_line(tmp_path, tiny_path, capsys, command):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    _truncate(folder / "model.safetensors")
+    assert cli.main(COMMANDS[command](str(folder), tmp_path)) == 2
+    _one_line_error(capsys, f"cannot load {folder}")

@@ -5,7 +5,7 @@ model.safetensors, tokenizer; `mlx_lm.load(path)` reads it) or a LoRA adapter
 (adapters.safetensors, adapter_config.json; `mlx_lm.load(base, adapter_path=path)`),
 plus optimizer.safetensors, trainer_state.json and the resolved config.toml. It is
 written to a temporary folder and renamed into place, so a kill never leaves half of one.
-manifest.json, written last, holds the size and sha256 of every other file, so damage done
+checkpoint_manifest.json, written last, holds the size and sha256 of every other file, so damage done
 later (a truncated copy, a full disk, an editor) is found before the checkpoint is trusted.
 """
 
@@ -95,7 +95,7 @@ def _files(folder: Path) -> list[Path]:
 
 
 def write_manifest(folder: Path) -> None:
-    """manifest.json: {relative path: {"size", "sha256"}} of every file in the folder."""
+    """checkpoint_manifest.json: {relative path: {"size", "sha256"}} of every file in the folder."""
     entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
                for p in _files(folder)}
     (folder / MANIFEST).write_text(json.dumps(entries, indent=1))

@@ -10,7 +10,7 @@
                                                or adapters.safetensors + adapter_config.json (LoRA),
                                                optimizer.safetensors, config.toml,
                                                trainer_state.json (it marks the checkpoint
-                                               complete) and manifest.json, written last: the
+                                               complete) and checkpoint_manifest.json, last: the
                                                size and sha256 of every other file.
 """
 
@@ -27,7 +27,7 @@ LOCK = ".lock"  # run/lock.py: one training process per run folder
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.safetensors"
-MANIFEST = "manifest.json"
+MANIFEST = "checkpoint_manifest.json"  # not manifest.json: a model folder may have its own
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"  # mlx-lm's: a folder holding it is a whole model

@@ -228,7 +228,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
 def _read_profile(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            text = f.read().decode("utf-8").removeprefix("\ufeff")  # editors on Windows write a BOM
+        return tomllib.loads(text)
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: profile file not found") from e
     except OSError as e:

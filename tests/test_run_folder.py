@@ -233,3 +233,31 @@ def test_commands_on_a_model_folder_with_truncated_weights_give_one_line(tmp_pat
     _truncate(folder / "model.safetensors")
     assert cli.main(COMMANDS[command](str(folder), tmp_path)) == 2
     _one_line_error(capsys, f"cannot load {folder}")
+
+
+# --- rewards and config -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["import", "scoring"])
+def test_sys_exit_in_a_reward_is_one_line_naming_the_reward(tmp_path, capsys, where):
+    body = ("import sys\nsys.exit(0)\ndef r(prompts, completions, answers, **kw):\n    return [0.0] * len(completions)\n"
+            if where == "import" else
+            "import sys\ndef r(prompts, completions, answers, **kw):\n    sys.exit(3)\n")
+    (tmp_path / "quits.py").write_text(body)
+    name = f"{tmp_path / 'quits.py'}:r"
+    out = tmp_path / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 1), "--set", f'rewards=[{{name="{name}", weight=1.0}}]']) == 2
+    _one_line_error(capsys, f"reward {name!r}" if where == "import" else "reward 'r' raised SystemExit")
+
+
+def test_a_reward_file_not_ending_in_py_is_one_line(tmp_path, capsys):
+    (tmp_path / "r.txt").write_text("def r(p, c, a, **kw):\n    return [0.0] * len(c)\n")
+    name = f"{tmp_path / 'r.txt'}:r"
+    assert cli.main(["--config", SMOKE, *_sets(tmp_path / "run", 1),
+                     "--set", f'rewards=[{{name="{name}", weight=1.0}}]']) == 2
+    _one_line_error(capsys, "is not a .py file")
+
+
+def test_a_profile_with_a_byte_order_mark_loads(tmp_path):
+    profile = tmp_path / "bom.toml"
+    profile.write_bytes(b"\xef\xbb\xbf" + b"seed = 7\n")
+    assert load_config(profile).seed == 7

@@ -181,7 +181,7 @@ def test_an_output_dir_with_a_run_is_refused_without_resume_or_overwrite(tmp_pat
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "already holds a run" in err and "step_000003" in err
     assert "--resume" in err and "--overwrite" in err
-    assert sorted(p.name for p in out.rglob("*")) == before
+    assert sorted(p.name for p in out.rglob("*") if p.name != ".lock") == before  # .lock: the lock, taken first
 
 
 def test_resume_with_a_changed_config_names_the_keys_unless_forced(tmp_path, capsys):
@@ -266,4 +266,4 @@ def test_a_sweep_refuses_an_earlier_sweeps_run_unless_overwrite(tmp_path, monkey
     monkeypatch.setattr(train_mod, "train", fake_train)
     rows = run_sweep(SMOKE, ["grpo.beta=0"], overrides=sets, overwrite=True)
     assert seen == [True] and rows[0]["final_reward"] == 0.5
-    assert sorted(p.name for p in variant.iterdir()) == ["metrics.jsonl", "notes.txt"]
+    assert sorted(p.name for p in variant.iterdir() if p.name != ".lock") == ["metrics.jsonl", "notes.txt"]

@@ -8,6 +8,7 @@ rewards are all equal are dropped and more prompts drawn. `setup` (commands/setu
 what the loop runs on; this file composes the stages, and its `main` is the command line's.
 """
 
+from contextlib import nullcontext
 from pathlib import Path
 import shlex
 import signal
@@ -28,7 +29,8 @@ from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.checkpoint import save_checkpoint
-from mlx_grpo.run.layout import COMPLETIONS, CONFIG, METRICS, checkpoint_dir
+from mlx_grpo.run.layout import COMPLETIONS, CONFIG, DAMAGED_SUFFIX, METRICS, checkpoint_dir
+from mlx_grpo.run.lock import lock_run_folder
 from mlx_grpo.run.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
@@ -44,8 +46,15 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
     it samples its share of each step's prompts and only rank 0 writes anything.
     """
-    out, world = Path(cfg.output_dir), init_world()
+    world = init_world()
     check_world(cfg, world)
+    # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
+    with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
+        return _train(cfg, config_path, world, overwrite, force)
+
+
+def _train(cfg, config_path, world, overwrite: bool, force: bool) -> Path:
+    out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     reward_set = make_rewards(cfg, config_path)
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
@@ -161,7 +170,11 @@ def resume(start, tr: Trainer, cfg, world) -> tuple[Path, int, int]:
     restore_training_state(start, tr.model, tr.optimizer, cfg.lora.enabled)
     if world.is_main:
         for name in (METRICS, COMPLETIONS):
-            truncate_jsonl(Path(cfg.output_dir) / name, start.step)
+            if damaged := truncate_jsonl(Path(cfg.output_dir) / name, start.step):
+                lines = ", ".join(map(str, damaged[:10])) + (", ..." if len(damaged) > 10 else "")
+                print(f"mlx-grpo: warning: {name}: {len(damaged)} unreadable line(s) ({lines}) moved to "
+                      f"{name}{DAMAGED_SUFFIX}; every readable row up to step {start.step} is kept",
+                      file=sys.stderr)
     restore_rng(start.rng)  # last: model loading drew random numbers
     if not world.is_main:  # the checkpoint holds rank 0's PRNG state only
         mx.random.seed(sampling_seed(cfg.seed, world.rank, start.step))

@@ -228,7 +228,8 @@ def _coerce(value: Any, hint: Any, key: str, source: str) -> Any:
 def _read_profile(path: str | os.PathLike) -> dict[str, Any]:
     try:
         with open(path, "rb") as f:
-            return tomllib.load(f)
+            text = f.read().decode("utf-8").removeprefix("\ufeff")  # editors on Windows write a BOM
+        return tomllib.loads(text)
     except FileNotFoundError as e:
         raise ConfigError(f"{path}: profile file not found") from e
     except OSError as e:
@@ -290,4 +291,6 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     """Write `cfg` as TOML; `load_config(path)` gives back an equal Config."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    os.replace(tmp, path)  # whole or not at all: a full disk never leaves a 0-byte config.toml

@@ -20,8 +20,9 @@ from mlx_grpo.config import Config, load_config
 from mlx_grpo.errors import ModelError
 from mlx_grpo.models.load import load_base, resolve_model_path
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
+from mlx_grpo.run.checkpoint import checkpoint_damage
 from mlx_grpo.run.layout import (
-    ADAPTER_CONFIG, CHECKPOINTS, CONFIG, MODEL_CONFIG, latest_checkpoint, run_dir_of,
+    ADAPTER_CONFIG, CHECKPOINTS, CONFIG, MANIFEST, MODEL_CONFIG, latest_checkpoint, run_dir_of,
 )
 
 
@@ -61,6 +62,8 @@ def _checkpoint_of(spec: str, path: Path) -> Path:
 
 def _load_folder(spec: str, path: Path) -> LoadedModel:
     ckpt = _checkpoint_of(spec, path)
+    if (ckpt / MANIFEST).is_file() and (problem := checkpoint_damage(ckpt)):
+        raise ModelError(f"--model {spec}: checkpoint {ckpt} is damaged: {problem}")
     cfg = _run_config(ckpt)
     if (ckpt / ADAPTER_CONFIG).is_file():
         if cfg is None:
@@ -69,9 +72,9 @@ def _load_folder(spec: str, path: Path) -> LoadedModel:
                 "give the base as --model and this folder as --adapter"
             )
         model, tokenizer, base_path = load_base(cfg.model)
-        load_adapters(model, str(ckpt))
+        _loading(spec, ckpt, load_adapters, model, str(ckpt))
     elif (ckpt / MODEL_CONFIG).is_file():
-        model, tokenizer = mlx_lm.load(str(ckpt))
+        model, tokenizer = _loading(spec, ckpt, mlx_lm.load, str(ckpt))
         base_path = str(ckpt)
     else:
         raise ModelError(
@@ -80,6 +83,15 @@ def _load_folder(spec: str, path: Path) -> LoadedModel:
         )
     model.eval()
     return LoadedModel(model, tokenizer, base_path, cfg, ckpt, run_dir_of(ckpt))
+
+
+def _loading(spec: str, folder: Path, load, *args):
+    """load(*args), with a folder's damaged or mismatched files reported as one line."""
+    try:
+        return load(*args)
+    except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
+        raise ModelError(f"--model {spec}: cannot load {folder} ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]})") from e
 
 
 def _load_named(spec: str) -> LoadedModel:
@@ -114,7 +126,7 @@ def _add_adapter(loaded: LoadedModel, spec: str, adapter: Path):
         raise ModelError(f"--adapter {adapter}: not an adapter folder (no adapter_config.json)")
     if loaded.checkpoint is not None and (loaded.checkpoint / ADAPTER_CONFIG).is_file():
         raise ModelError(f"--model {spec} already carries an adapter; give its base with --adapter")
-    load_adapters(loaded.model, str(adapter))
+    _loading(spec, adapter, load_adapters, loaded.model, str(adapter))
     loaded.model.eval()
     loaded.config = _run_config(adapter) or loaded.config
     loaded.checkpoint, loaded.run_dir = adapter, run_dir_of(adapter)

@@ -67,7 +67,7 @@ def _load_file(name: str, target: str, base_dir: str | Path | None):
     sys.modules[mod_name] = module
     try:
         spec.loader.exec_module(module)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # sys.exit() in a reward file must not end the run silently
         del sys.modules[mod_name]
         raise RewardError(f"reward {name!r}: loading {found} failed: {_describe(e)}") from e
     return module
@@ -91,11 +91,13 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardFn:
         )
     target, func_name = name.rsplit(":", 1)
     if target.endswith(".py") or "/" in target or "\\" in target:
+        if not target.endswith(".py"):
+            raise RewardError(f"reward {name!r}: {target!r} is not a .py file (give 'path/to/file.py:function')")
         module = _load_file(name, target, base_dir)
     else:
         try:
             module = importlib.import_module(target)
-        except Exception as e:
+        except (Exception, SystemExit) as e:
             raise RewardError(f"reward {name!r}: cannot import module {target!r}: {_describe(e)}") from e
     if not hasattr(module, func_name):
         raise RewardError(f"reward {name!r}: {target!r} has no function {func_name!r}")
@@ -159,12 +161,12 @@ def _score(key, fn, prompts, completions, answers, kwargs, group_size: int = 1) 
     """Run one reward on the batch and check its scores; any failure raises naming reward and sample."""
     try:
         out = fn(prompts, completions, answers, **kwargs)
-    except Exception as e:
+    except (Exception, SystemExit) as e:  # SystemExit: a sys.exit() while scoring
         where = "index unknown (every sample alone scored without error)"
         for i in range(len(completions)):
             try:
                 fn(prompts[i : i + 1], completions[i : i + 1], answers[i : i + 1], **kwargs)
-            except Exception:
+            except (Exception, SystemExit):
                 where = _sample(i, completions, group_size)
                 break
         raise RewardError(f"reward {key!r} raised {_describe(e)} on {where}") from e

@@ -5,7 +5,11 @@ model.safetensors, tokenizer; `mlx_lm.load(path)` reads it) or a LoRA adapter
 (adapters.safetensors, adapter_config.json; `mlx_lm.load(base, adapter_path=path)`),
 plus optimizer.safetensors, trainer_state.json and the resolved config.toml. It is
 written to a temporary folder and renamed into place, so a kill never leaves half of one.
+checkpoint_manifest.json, written last, holds the size and sha256 of every other file, so damage done
+later (a truncated copy, a full disk, an editor) is found before the checkpoint is trusted.
 """
+
+import hashlib
 
 import json
 from pathlib import Path
@@ -18,7 +22,7 @@ import mlx_lm.utils
 from mlx_grpo.config import save_config
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.run.layout import (
-    ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, OPTIMIZER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
+    ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, MANIFEST, OPTIMIZER_STATE, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
     write_trainer_state,
 )
 
@@ -66,6 +70,7 @@ def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_
         save_config(cfg, tmp / CONFIG)
         # trainer_state.json goes last: its presence marks the folder complete.
         write_trainer_state(tmp, {"step": step, **trainer_state})
+        write_manifest(tmp)
     except (OSError, RuntimeError) as e:  # a full disk (MLX raises RuntimeError): earlier ones stay
         shutil.rmtree(tmp, ignore_errors=True)
         raise CheckpointError(step, tmp, e, latest_checkpoint(output_dir)) from e
@@ -75,6 +80,64 @@ def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_
     for old in list_checkpoints(output_dir)[:-keep_last]:
         shutil.rmtree(old)
     return final
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        while block := f.read(1 << 20):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _files(folder: Path) -> list[Path]:
+    return sorted(p for p in folder.rglob("*") if p.is_file() and p.name != MANIFEST)
+
+
+def write_manifest(folder: Path) -> None:
+    """checkpoint_manifest.json: {relative path: {"size", "sha256"}} of every file in the folder."""
+    entries = {str(p.relative_to(folder)): {"size": p.stat().st_size, "sha256": _sha256(p)}
+               for p in _files(folder)}
+    (folder / MANIFEST).write_text(json.dumps(entries, indent=1))
+
+
+def checkpoint_damage(folder) -> str | None:
+    """What is wrong with a checkpoint folder (naming the file), or None when it is intact.
+
+    With a manifest every listed file must be there with its size and sha256. A checkpoint
+    written before manifests existed is accepted when its trainer_state.json and config.toml
+    parse; its weights are then checked only by loading them.
+    """
+    folder = Path(folder)
+    try:
+        manifest = json.loads((folder / MANIFEST).read_text())
+    except FileNotFoundError:
+        manifest = None
+    except (OSError, ValueError) as e:
+        return f"{MANIFEST} is unreadable ({e})"
+    if manifest is None:
+        import tomllib
+
+        try:
+            json.loads((folder / TRAINER_STATE).read_text())
+            if (folder / CONFIG).exists():
+                tomllib.loads((folder / CONFIG).read_text())
+        except (OSError, ValueError) as e:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+            return f"{TRAINER_STATE} or {CONFIG} is unreadable ({e})"
+        return None
+    try:
+        for name, entry in manifest.items():
+            path = folder / name
+            if not path.is_file():
+                return f"{name} is missing"
+            size = path.stat().st_size
+            if size != entry["size"]:
+                return f"{name} has {size} bytes, {entry['size']} were written"
+            if _sha256(path) != entry["sha256"]:
+                return f"{name} differs from what was written (sha256)"
+    except (AttributeError, KeyError, TypeError):
+        return f"{MANIFEST} is unreadable (not a manifest)"
+    return None
 
 
 def load_optimizer_state(path: Path):

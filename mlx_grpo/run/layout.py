@@ -1,13 +1,17 @@
 """The run folder's layout: every file name a run writes, in one place.
 
+    <output_dir>/.lock                         held (flock) by the process training here
     <output_dir>/config.toml                   the resolved config
     <output_dir>/metrics.jsonl                 one JSON object per step
     <output_dir>/completions.jsonl             the logged sample completions
+    <output_dir>/metrics.jsonl.damaged         lines a resume could not read, moved aside (likewise
+                                               completions.jsonl.damaged)
     <output_dir>/checkpoints/step_NNNNNN/      model.safetensors + config.json + tokenizer (full)
                                                or adapters.safetensors + adapter_config.json (LoRA),
-                                               optimizer.safetensors, config.toml, and
-                                               trainer_state.json, written last: it marks the
-                                               checkpoint complete.
+                                               optimizer.safetensors, config.toml,
+                                               trainer_state.json (it marks the checkpoint
+                                               complete) and checkpoint_manifest.json, last: the
+                                               size and sha256 of every other file.
 """
 
 import json
@@ -18,9 +22,12 @@ METRICS = "metrics.jsonl"
 COMPLETIONS = "completions.jsonl"
 CHECKPOINTS = "checkpoints"
 RUN_FILES = (CONFIG, METRICS, COMPLETIONS, CHECKPOINTS)  # what makes a folder hold a run
+DAMAGED_SUFFIX = ".damaged"  # metrics.jsonl.damaged: lines a resume could not read, kept
+LOCK = ".lock"  # run/lock.py: one training process per run folder
 
 TRAINER_STATE = "trainer_state.json"
 OPTIMIZER_STATE = "optimizer.safetensors"
+MANIFEST = "checkpoint_manifest.json"  # not manifest.json: a model folder may have its own
 ADAPTER_WEIGHTS = "adapters.safetensors"
 ADAPTER_CONFIG = "adapter_config.json"
 MODEL_CONFIG = "config.json"  # mlx-lm's: a folder holding it is a whole model

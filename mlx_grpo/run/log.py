@@ -3,9 +3,10 @@
 
 import json
 import math
+import os
 from pathlib import Path
 
-from mlx_grpo.run.layout import COMPLETIONS, METRICS
+from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS
 
 
 class MetricsLog:
@@ -52,23 +53,35 @@ def read_jsonl(path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
 
 
-def truncate_jsonl(path, last_step: int) -> None:
+def truncate_jsonl(path, last_step: int) -> list[int]:
     """Keep the rows of a JSON-lines log up to `last_step`, so a resumed run writes no step twice.
 
-    Rows after the checkpoint, and a last line cut short by a kill, are dropped.
+    Valid rows after the checkpoint are dropped (the resumed run writes them again). A line that
+    is not a JSON object with a step (damaged, or cut short by a kill) is moved, as it was, to
+    `<path>.damaged`, never deleted; the rows around it stay. Returns those lines' numbers.
     """
     path = Path(path)
     if not path.exists():
-        return
-    kept = []
-    for line in path.read_text().splitlines():
+        return []
+    kept, damaged = [], []
+    for number, line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not line.strip():
+            continue
         try:
             row = json.loads(line)
-        except json.JSONDecodeError:
-            break
-        if row.get("step", 0) <= last_step:
-            kept.append(line + "\n")
-    path.write_text("".join(kept))
+            step = row["step"]
+        except (ValueError, TypeError, KeyError):  # bad JSON or bytes, not an object, no step
+            damaged.append((number, line))
+            continue
+        if isinstance(step, int) and step <= last_step:
+            kept.append(line + b"\n")
+    if damaged:
+        with open(str(path) + DAMAGED_SUFFIX, "ab") as f:
+            f.writelines(line + b"\n" for _, line in damaged)
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_bytes(b"".join(kept))
+    os.replace(tmp, path)  # a kill while rewriting keeps the old file whole
+    return [number for number, _ in damaged]
 
 
 def read_metrics(output_dir) -> list[dict]:

@@ -12,15 +12,16 @@ is) stops the resume unless forced.
 from dataclasses import dataclass
 from pathlib import Path
 import shutil
+import sys
 import tomllib
 
 import mlx.core as mx
 
 from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.run.checkpoint import load_optimizer_state
+from mlx_grpo.run.checkpoint import checkpoint_damage, load_optimizer_state
 from mlx_grpo.run.layout import (
-    ADAPTER_WEIGHTS, CONFIG, RUN_FILES, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
+    ADAPTER_WEIGHTS, CHECKPOINTS, CONFIG, METRICS, RUN_FILES, TRAINER_STATE, checkpoint_dir, list_checkpoints,
     read_trainer_state,
 )
 
@@ -60,12 +61,22 @@ def config_differences(saved: dict, current: dict) -> list[str]:
 
 
 def _held_run(out: Path) -> list[str]:
+    """The run files in `out`, or none while it holds no run yet: a start that failed before
+    its first step (a full disk, a crash) leaves config.toml and an empty metrics.jsonl but no
+    checkpoint and no metrics row, and a rerun or --resume may start there afresh."""
+    metrics = out / METRICS
+    if not list_checkpoints(out) and not (metrics.is_file() and metrics.stat().st_size > 0):
+        return []
     return [name for name in RUN_FILES if (out / name).exists()]
 
 
 def _check_same_run(cfg, config_file: Path, force: bool) -> None:
-    with open(config_file, "rb") as f:
-        saved = tomllib.load(f)
+    try:
+        with open(config_file, "rb") as f:
+            saved = tomllib.load(f)
+    except (tomllib.TOMLDecodeError, UnicodeDecodeError) as e:
+        raise TrainingError(f"checkpoint.resume: {config_file} is damaged ({e}); "
+                            "pass --overwrite to start this run over") from e
     diffs = config_differences(saved, config_to_dict(cfg))
     if diffs and not force:
         raise TrainingError(
@@ -74,6 +85,25 @@ def _check_same_run(cfg, config_file: Path, force: bool) -> None:
         )
     if diffs:
         print(f"mlx-grpo: resuming despite config differences (--force): {'; '.join(diffs)}")
+
+
+def newest_intact_checkpoint(out: Path) -> Path | None:
+    """The newest checkpoint whose files are as written; each damaged newer one is named in a
+    warning. Raises when checkpoints exist but none is intact."""
+    found = list_checkpoints(out)
+    damaged = []
+    for ckpt in reversed(found):
+        problem = checkpoint_damage(ckpt)
+        if problem is None:
+            if damaged:
+                print(f"mlx-grpo: warning: damaged checkpoint(s) skipped: {'; '.join(damaged)}; "
+                      f"resuming from {ckpt.name}", file=sys.stderr)
+            return ckpt
+        damaged.append(f"{ckpt.name}: {problem}")
+    if damaged:
+        raise TrainingError(f"checkpoint.resume: no intact checkpoint in {out / CHECKPOINTS} "
+                            f"({'; '.join(damaged)}); pass --overwrite to start over")
+    return None
 
 
 def open_run(cfg, *, overwrite: bool = False, force: bool = False) -> ResumePoint | None:
@@ -98,28 +128,38 @@ def open_run(cfg, *, overwrite: bool = False, force: bool = False) -> ResumePoin
                 "pass --resume to continue it, --overwrite to replace it, or choose another output_dir"
             )
         return None
-    ckpt = latest_checkpoint(out)
+    ckpt = newest_intact_checkpoint(out)
     config_file = (ckpt or out) / CONFIG
-    if config_file.exists():
+    if held and config_file.exists():
         _check_same_run(cfg, config_file, force)
     if ckpt is None:
         print(f"mlx-grpo: no complete checkpoint in {out}; starting from step 1")
         return None
-    return ResumePoint.read(ckpt)
+    point = ResumePoint.read(ckpt)
+    if point.step > cfg.training.max_steps:
+        raise TrainingError(
+            f"training.max_steps: {cfg.training.max_steps} is below step {point.step} of the checkpoint "
+            f"{ckpt}; set training.max_steps >= {point.step} to resume it"
+        )
+    return point
 
 
 def restore_training_state(point: ResumePoint, model, optimizer, lora: bool) -> None:
     """Load the checkpoint's trainable weights and optimizer state into model and optimizer."""
-    if lora:
-        weights = mx.load(str(point.checkpoint / ADAPTER_WEIGHTS))
-        model.load_weights(list(weights.items()), strict=False)
-    else:
-        weights = {}
-        for shard in sorted(point.checkpoint.glob("model*.safetensors")):
-            weights.update(mx.load(str(shard)))
-        model.load_weights(list(weights.items()), strict=True)
-    optimizer.state = load_optimizer_state(point.checkpoint)
-    mx.eval(model.parameters(), optimizer.state)
+    try:  # a checkpoint without a manifest (written before them) is checked here, by loading it
+        if lora:
+            weights = mx.load(str(point.checkpoint / ADAPTER_WEIGHTS))
+            model.load_weights(list(weights.items()), strict=False)
+        else:
+            weights = {}
+            for shard in sorted(point.checkpoint.glob("model*.safetensors")):
+                weights.update(mx.load(str(shard)))
+            model.load_weights(list(weights.items()), strict=True)
+        optimizer.state = load_optimizer_state(point.checkpoint)
+        mx.eval(model.parameters(), optimizer.state)
+    except (OSError, RuntimeError, ValueError) as e:
+        raise TrainingError(f"checkpoint.resume: cannot load {point.checkpoint} ({' '.join(str(e).split())}); "
+                            "pass --overwrite to start over") from e
 
 
 def share_resume_point(start: ResumePoint | None, output_dir, world) -> ResumePoint | None:

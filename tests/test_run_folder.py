@@ -1,0 +1,263 @@
+"""A run folder no one can corrupt: its lock, damaged checkpoints and logs, failed starts, and
+one line for every bad file (issue 19). Each case is a unit call or a 1-2 step run."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from mlx_grpo import cli
+from mlx_grpo.config import load_config
+from mlx_grpo.run.lock import RunFolderBusy, lock_run_folder
+
+SMOKE = "configs/smoke_test.toml"
+RUN = ["training.prompts_per_step=2", "generation.max_new_tokens=8", "training.learning_rate=1e-3",
+       "checkpoint.save_every=1", "checkpoint.keep_last=5", "logging.log_completions=0"]
+
+
+def _sets(out, steps, *extra):
+    items = RUN + [f"training.max_steps={steps}", f'output_dir="{out}"', *extra]
+    return [arg for item in items for arg in ("--set", item)]
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("mlx-grpo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# --- the lock ---------------------------------------------------------------------------------
+
+def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(tmp_path, capsys):
+    out = tmp_path / "run"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time\nfrom mlx_grpo.run.lock import lock_run_folder\n"
+         f"with lock_run_folder({str(out)!r}):\n    print('held', flush=True)\n    time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        tic = time.monotonic()
+        for extra in ([], ["--resume"]):
+            assert cli.main(["--config", SMOKE, *_sets(out, 1), *extra]) == 2
+            _one_line_error(capsys, "in use by", f"PID {holder.pid}", socket.gethostname())
+        assert time.monotonic() - tic < 10  # refused at once, before loading anything
+        assert sorted(p.name for p in out.iterdir()) == [".lock"]  # nothing written
+    finally:
+        holder.send_signal(signal.SIGKILL)
+        holder.wait()
+    with lock_run_folder(out):  # a SIGKILL leaves no stale lock behind
+        with pytest.raises(RunFolderBusy, match=f"PID {os.getpid()} on"):
+            with lock_run_folder(out):  # a second open file in the same process is refused too
+                pass
+
+
+# --- metrics.jsonl on resume ------------------------------------------------------------------
+
+def test_resume_keeps_every_readable_row_and_moves_damaged_lines_aside(tmp_path):
+    from mlx_grpo.run.log import read_metrics, truncate_jsonl
+
+    rows = [json.dumps({"step": s, "loss": 0.5}) for s in range(1, 13)]
+    rows[4] = '{"step": 5, "lo\xff'  # row 5 of 12 damaged (and not even UTF-8 after encoding)
+    rows[7] = "[8]"  # valid JSON, but not a row
+    (tmp_path / "metrics.jsonl").write_bytes("\n".join(rows).encode("latin-1") + b'\n{"step": 13, "lo')
+    assert truncate_jsonl(tmp_path / "metrics.jsonl", 10) == [5, 8, 13]
+    assert [r["step"] for r in read_metrics(tmp_path)] == [1, 2, 3, 4, 6, 7, 9, 10]
+    aside = (tmp_path / "metrics.jsonl.damaged").read_bytes().splitlines()
+    assert aside == [rows[4].encode("latin-1"), b"[8]", b'{"step": 13, "lo']
+
+
+def test_a_resumed_run_reports_the_damaged_metrics_line(tmp_path, capsys):
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 2)]) == 0
+    lines = (out / "metrics.jsonl").read_text().splitlines()
+    (out / "metrics.jsonl").write_text("garbage\n" + lines[1] + "\n")
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert "metrics.jsonl: 1 unreadable line(s) (1) moved to metrics.jsonl.damaged" in err
+    assert [r["step"] for r in read_metrics(out)] == [2, 3]
+    assert (out / "metrics.jsonl.damaged").read_text() == "garbage\n"
+
+
+# --- a start that failed ----------------------------------------------------------------------
+
+def test_config_toml_is_written_whole_or_not_at_all(tmp_path, monkeypatch):
+    import errno
+    from pathlib import Path
+
+    from mlx_grpo.config import save_config
+
+    def full(self, text, **kwargs):
+        open(self, "w").close()  # the file is created, then the disk is full
+        raise OSError(errno.ENOSPC, "No space left on device")
+
+    monkeypatch.setattr(Path, "write_text", full)
+    with pytest.raises(OSError):
+        save_config(load_config(SMOKE), tmp_path / "config.toml")
+    assert not (tmp_path / "config.toml").exists()
+
+
+@pytest.mark.parametrize("resume", [False, True])
+def test_a_folder_left_by_a_failed_start_is_not_yet_a_run(tmp_path, capsys, resume):
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    (out / "checkpoints" / "step_000001.tmp").mkdir(parents=True)
+    (out / "config.toml").write_text("")  # as a full disk left it before this fix
+    (out / "metrics.jsonl").write_text("")
+    (out / "notes.txt").write_text("mine")
+    assert cli.main(["--config", SMOKE, *_sets(out, 1), *(["--resume"] if resume else [])]) == 0
+    assert [r["step"] for r in read_metrics(out)] == [1]
+    assert load_config(out / "config.toml").training.max_steps == 1
+    assert (out / "notes.txt").read_text() == "mine"
+
+
+# --- damaged checkpoints ----------------------------------------------------------------------
+
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+
+
+@pytest.fixture(scope="module")
+def three_steps(tmp_path_factory):
+    """An uninterrupted 3-step full fine-tune with a checkpoint per step."""
+    out = tmp_path_factory.mktemp("ref") / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 3)]) == 0
+    return out
+
+
+def _truncate(path):
+    path.write_bytes(path.read_bytes()[: path.stat().st_size // 2])
+
+
+DAMAGE = {  # file in the newest checkpoint: what is done to it
+    "model.safetensors": _truncate,
+    "optimizer.safetensors": lambda p: p.write_bytes(b""),
+    "trainer_state.json": lambda p: p.write_text("{garbage"),
+    "config.toml": lambda p: p.write_bytes(b"\x00\x01 not toml"),
+}
+
+
+@pytest.mark.parametrize("name", DAMAGE)
+def test_resume_skips_a_damaged_newest_checkpoint_and_resumes_exactly(tmp_path, three_steps, capsys, name):
+    import shutil
+
+    import mlx.core as mx
+
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    shutil.rmtree(out / "checkpoints" / "step_000003")  # as if killed during step 3
+    DAMAGE[name](out / "checkpoints" / "step_000002" / name)
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert f"damaged checkpoint(s) skipped: step_000002: {name}" in err and "resuming from step_000001" in err
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert strip(read_metrics(out)) == strip(read_metrics(three_steps))
+    a = mx.load(str(out / "checkpoints" / "step_000003" / "model.safetensors"))
+    b = mx.load(str(three_steps / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+def test_resume_with_no_intact_checkpoint_is_one_line(tmp_path, three_steps, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "model.safetensors").write_bytes(b"")
+    assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
+    _one_line_error(capsys, "no intact checkpoint", "step_000003: model.safetensors has 0 bytes", "--overwrite")
+
+
+def test_an_unverified_old_checkpoint_that_does_not_load_is_one_line(tmp_path, three_steps, capsys):
+    """A checkpoint from before manifests: accepted if its state parses, checked by loading."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    ckpt = out / "checkpoints" / "step_000003"
+    (ckpt / "checkpoint_manifest.json").unlink()
+    _truncate(ckpt / "model.safetensors")
+    assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
+    _one_line_error(capsys, "cannot load", "step_000003")
+
+
+def test_resume_with_max_steps_below_the_checkpoint_is_one_line(tmp_path, three_steps, capsys):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    assert cli.main(["--config", SMOKE, *_sets(out, 2), "--resume"]) == 2
+    _one_line_error(capsys, "training.max_steps: 2 is below step 3")
+
+
+COMMANDS = {  # a command on a model M
+    "generate": lambda m, tmp: ["generate", "--model", m, "--prompt", "1+1?", "--max-tokens", "2"],
+    "eval": lambda m, tmp: ["eval", "--model", m, "--limit", "1", "--max-tokens", "2"],
+    "export": lambda m, tmp: ["export", m, "--out", str(tmp / "exported")],
+}
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+@pytest.mark.parametrize("name", ["model.safetensors", "config.json"])
+def test_commands_on_a_damaged_checkpoint_give_one_line_naming_the_file(tmp_path, three_steps, capsys, command,
+                                                                        name):
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    _truncate(out / "checkpoints" / "step_000003" / name)
+    assert cli.main(COMMANDS[command](str(out), tmp_path)) == 2
+    _one_line_error(capsys, "step_000003 is damaged", name)
+    assert not (tmp_path / "exported").exists()
+
+
+@pytest.mark.parametrize("command", COMMANDS)
+def test_commands_on_a_model_folder_with_truncated_weights_give_one_line(tmp_path, tiny_path, capsys, command):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    _truncate(folder / "model.safetensors")
+    assert cli.main(COMMANDS[command](str(folder), tmp_path)) == 2
+    _one_line_error(capsys, f"cannot load {folder}")
+
+
+# --- rewards and config -----------------------------------------------------------------------
+
+@pytest.mark.parametrize("where", ["import", "scoring"])
+def test_sys_exit_in_a_reward_is_one_line_naming_the_reward(tmp_path, capsys, where):
+    body = ("import sys\nsys.exit(0)\ndef r(prompts, completions, answers, **kw):\n    return [0.0] * len(completions)\n"
+            if where == "import" else
+            "import sys\ndef r(prompts, completions, answers, **kw):\n    sys.exit(3)\n")
+    (tmp_path / "quits.py").write_text(body)
+    name = f"{tmp_path / 'quits.py'}:r"
+    out = tmp_path / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 1), "--set", f'rewards=[{{name="{name}", weight=1.0}}]']) == 2
+    _one_line_error(capsys, f"reward {name!r}" if where == "import" else "reward 'r' raised SystemExit")
+
+
+def test_a_reward_file_not_ending_in_py_is_one_line(tmp_path, capsys):
+    (tmp_path / "r.txt").write_text("def r(p, c, a, **kw):\n    return [0.0] * len(c)\n")
+    name = f"{tmp_path / 'r.txt'}:r"
+    assert cli.main(["--config", SMOKE, *_sets(tmp_path / "run", 1),
+                     "--set", f'rewards=[{{name="{name}", weight=1.0}}]']) == 2
+    _one_line_error(capsys, "is not a .py file")
+
+
+def test_a_profile_with_a_byte_order_mark_loads(tmp_path):
+    profile = tmp_path / "bom.toml"
+    profile.write_bytes(b"\xef\xbb\xbf" + b"seed = 7\n")
+    assert load_config(profile).seed == 7

@@ -25,6 +25,7 @@ from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
 from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.checkpoint import save_checkpoint
@@ -36,22 +37,24 @@ from mlx_grpo.run.watch import RunWatcher
 from mlx_grpo.update.step import optimize
 
 
-def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False) -> Path:
+def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False,
+          reward_set: RewardSet | None = None, rows: list[dict] | None = None) -> Path:
     """Run GRPO as configured; returns the final checkpoint folder.
 
     With cfg.checkpoint.resume the run continues from the newest checkpoint in output_dir;
     `overwrite` replaces a run found there, `force` resumes despite config differences.
+    `reward_set` and `rows` (the Python API's) replace cfg.rewards and the training split.
     Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
     it samples its share of each step's prompts and only rank 0 writes anything.
     """
     out, world = Path(cfg.output_dir), init_world()
     check_world(cfg, world)
     seed_everything(cfg.seed)
-    reward_set = make_rewards(cfg, config_path)
+    reward_set = reward_set or make_rewards(cfg, config_path)
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo
-    tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world)
+    tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world, rows=rows)
     # None unless [eval] every > 0; rank 0 evaluates alone, its parameters equal every rank's.
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step

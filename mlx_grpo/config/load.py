@@ -258,13 +258,25 @@ def _parse_override(item: str) -> dict[str, Any]:
     return value
 
 
-def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults <- the profile at `path` (None = defaults only) <- `section.key=value` overrides."""
+def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Sequence[str] = (),
+                keywords: dict[str, Any] | None = None) -> Config:
+    """Defaults <- the profile <- `section.key=value` overrides <- keyword overrides.
+
+    The profile is a TOML file's path, a dict of the same shape, a Config, or None (defaults
+    only). `keywords` are the Python API's overrides: a top-level key with its value
+    (`seed=1`) or a section with a dict (`training={"max_steps": 3}`), checked as `--set` is.
+    """
     cfg = Config()
-    if path is not None:
-        _merge(cfg, _read_profile(path), "", str(path))
+    if isinstance(profile, Config):
+        _merge(cfg, config_to_dict(profile), "", "config")
+    elif isinstance(profile, dict):
+        _merge(cfg, profile, "", "config")
+    elif profile is not None:
+        _merge(cfg, _read_profile(profile), "", str(profile))
     for item in overrides:
         _merge(cfg, _parse_override(item), "", f"--set {item}")
+    for key, value in (keywords or {}).items():
+        _merge(cfg, {key: value}, "", f"mlx_grpo.train({key}=...)")
     if cfg.grpo.epsilon_high is None:
         cfg.grpo.epsilon_high = cfg.grpo.epsilon
     if cfg.lora.resume_adapter and not cfg.lora.enabled:

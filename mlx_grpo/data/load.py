@@ -128,13 +128,14 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
 
 
 def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None,
-                  setting: str = "data.split") -> list[Example]:
+                  setting: str = "data.split", rows: list[dict] | None = None) -> list[Example]:
     """Load, map and tokenize one split (default cfg.split); prints how many prompts were too long.
 
     `setting` is the key or flag that chose the split, named when the split does not exist.
+    `rows`, when given (the Python API's `dataset=`), are the split's rows instead of cfg.dataset's.
     """
     split = split or cfg.split
-    rows = load_rows(cfg.dataset, cfg.subset, split, seed, setting=setting)
+    rows = load_rows(cfg.dataset, cfg.subset, split, seed, setting=setting) if rows is None else rows
     if not rows:
         raise DataError(f"data.dataset: split {split!r} of {_label(cfg.dataset, split)!r} has no rows")
     if not has_chat_template(tokenizer):

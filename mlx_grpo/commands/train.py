@@ -25,6 +25,7 @@ from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
 from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
@@ -154,6 +155,9 @@ def announce(cfg, tr: Trainer, world) -> None:
         return
     trainable = sum(v.size for _, v in tree_flatten(tr.model.trainable_parameters()))
     print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {Path(cfg.output_dir)}")
+    if cfg.model.dtype == "auto":
+        print(f"mlx-grpo: model.dtype = auto: {resolve_dtype('auto')} on this backend "
+              "(bfloat16 on Metal, float32 on the CPU backend)")
     if world.size > 1:
         print(f"mlx-grpo: data-parallel over {world.size} ranks, "
               f"{allreduce_bytes(tr.model) / 1e6:.2f} MB all-reduced per update")

@@ -67,7 +67,7 @@ RULES: dict[str, Rule] = {
     "data.dataset": _DATASET,
     "data.split": _NON_EMPTY,
     "data.prompt_field": _NON_EMPTY,
-    "model.dtype": _one_of("float32", "float16", "bfloat16"),
+    "model.dtype": _one_of("auto", "float32", "float16", "bfloat16"),
     "model.quantize_bits": _one_of(0, 4, 8),
     "model.quantize_group_size": _one_of(32, 64, 128),
     "lora.rank": _at_least(1),

@@ -166,6 +166,11 @@ def _merge(obj: Any, table: dict[str, Any], prefix: str, source: str) -> None:
         dotted = _dotted(prefix, key)
         if key not in hints:
             what = "section" if not prefix and isinstance(value, dict) else "key"
+            owners = [] if prefix else [s for s, h in hints.items() if dataclasses.is_dataclass(h)
+                                        and key in typing.get_type_hints(h)]
+            if owners:  # a section's key given bare, e.g. max_steps=3
+                guesses = " or ".join(f"'{owner}.{key}'" for owner in owners)
+                raise ConfigError(f"{source}: unknown key {key!r} (did you mean {guesses}?)")
             raise _unknown(source, prefix, key, list(hints), what)
         hint = hints[key]
         if dataclasses.is_dataclass(hint):  # a section: merge into it, key by key

@@ -31,7 +31,9 @@ from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, CONFIG, METRICS, checkpoint_dir
-from mlx_grpo.run.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
+from mlx_grpo.run.log import (
+    CompletionLog, MetricsLog, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
+)
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
 from mlx_grpo.run.watch import RunWatcher
@@ -88,12 +90,14 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
         if world.is_main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
             ckpt = save(tr, cfg, step, stream, bad_steps)
         if requested:
+            if log:
+                log.finish(ckpt, t.max_steps, stopped=True)
             stop.restore()
             raise RunStopped(stop.signum or signal.SIGTERM, step, ckpt)
     bar.close()
     if not world.is_main:
         return checkpoint_dir(out, t.max_steps)
-    log.finish(ckpt)
+    log.finish(ckpt, t.max_steps)
     return ckpt
 
 
@@ -204,7 +208,8 @@ class StepLog:
     and the live warnings."""
 
     def __init__(self, cfg, fresh: bool):
-        out = Path(cfg.output_dir)
+        out = self.out = Path(cfg.output_dir)
+        self.started = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
@@ -224,10 +229,14 @@ class StepLog:
             self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
                                self.completions)
 
-    def finish(self, ckpt) -> None:
+    def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
+        """The end-of-run summary; after a clean stop too."""
         if self.watcher.summary():
-            print(self.watcher.summary())
-        print(f"mlx-grpo: done; final checkpoint {ckpt}")
+            tqdm.write(self.watcher.summary())
+        warnings = sum(self.watcher.counts.values())
+        for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
+                                   ckpt, warnings, stopped):
+            tqdm.write(line)
 
 
 def add_arguments(parser):

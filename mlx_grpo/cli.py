@@ -30,6 +30,9 @@ def build_parser():
         description="GRPO fine-tuning of language models with MLX. "
         "`mlx-grpo --config FILE` is the same as `mlx-grpo train --config FILE`.",
     )
+    from mlx_grpo import __version__
+
+    parser.add_argument("--version", action="version", version=f"mlx-grpo {__version__}")
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     runners = {}
     for name, (module_name, help) in COMMANDS.items():
@@ -41,7 +44,7 @@ def build_parser():
 
 def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
-    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help"):
+    if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "train")
     parser, runners = build_parser()
     args = parser.parse_args(argv)

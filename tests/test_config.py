@@ -64,7 +64,7 @@ def test_defaults():
     cfg = load_config(None)
     assert cfg == load_config(None, [])
     assert (cfg.seed, cfg.output_dir) == (0, "runs/default")
-    assert cfg.model.path == "builtin:tiny" and cfg.model.dtype == "float32"
+    assert cfg.model.path == "builtin:tiny" and cfg.model.dtype == "auto"
     assert cfg.lora.enabled is False and cfg.lora.scale == 16.0 / 8
     assert len(cfg.lora.target_modules) == 7
     assert cfg.data.dataset == "builtin:arithmetic"
@@ -185,7 +185,7 @@ def test_wrong_type_in_file_names_the_file(tmp_path):
     ("training.adam_betas=[0.9, 1.0]", "training.adam_betas must be two values, each in [0, 1)"),
     ("grpo.epsilon_high=0", "grpo.epsilon_high must be > 0, got 0.0"),
     ("model.quantize_bits=3", "model.quantize_bits must be one of 0, 4, 8, got 3"),
-    ("model.dtype=fp16", "model.dtype must be one of 'float32', 'float16', 'bfloat16', got 'fp16'"),
+    ("model.dtype=fp16", "model.dtype must be one of 'auto', 'float32', 'float16', 'bfloat16', got 'fp16'"),
 ])
 def test_out_of_range(override, expected):
     assert expected in error(None, [override])

@@ -40,9 +40,10 @@ def add_model_args(parser, required=True):
 
 
 def add_sampling_args(parser, max_tokens=256):
-    parser.add_argument("--max-tokens", type=number_at_least(1), default=max_tokens)
+    parser.add_argument("--max-tokens", type=number_at_least(1), default=max_tokens,
+                        help=f"most new tokens per answer (default {max_tokens})")
     parser.add_argument("--temperature", type=number_at_least(0.0, float), default=0.0, help="0 = greedy (default)")
-    parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--seed", type=seed_number, default=0)
+    parser.add_argument("--top-p", type=float, default=1.0, help="nucleus sampling share when temperature > 0 (default 1.0 = off)")
+    parser.add_argument("--seed", type=seed_number, default=0, help="the sampling seed (default 0)")
     parser.add_argument("--system", default=None, metavar="TEXT",
                         help="system prompt (default: the run's data.system_prompt, none for other models)")

@@ -194,7 +194,8 @@ def default_output(loaded, split: str) -> Path:
 
 def add_arguments(parser):
     parser.add_argument("--config", default=None, help="profile (default: the config of the run M comes from)")
-    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key with a TOML value, e.g. --set eval.limit=50 (repeatable)")
     add_model_args(parser, required=False)
     parser.add_argument("--split", default=None, help="default: eval.split")
     parser.add_argument("--limit", type=number_at_least(0), default=None,

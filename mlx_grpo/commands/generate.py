@@ -61,7 +61,7 @@ def print_piece(text: str, out=None):
 
 def add_arguments(parser):
     add_model_args(parser)
-    parser.add_argument("--prompt", required=True, metavar="TEXT")
+    parser.add_argument("--prompt", required=True, metavar="TEXT", help="the question, sent as one user message")
     add_sampling_args(parser)
     parser.add_argument("--no-stream", dest="stream", action="store_false", help="print the answer at the end")
 

@@ -72,15 +72,16 @@ class Trainer:
     grad_fn: Callable  # batch -> ((loss, metrics), grads), made once so a compiled one keeps its traces
 
 
-def setup(cfg, *, total_updates: int, world: World = SINGLE) -> Trainer:
-    """Load the policy and its reference, then the data; the sampling streams start from the seed."""
+def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None) -> Trainer:
+    """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
+    the sampling streams start from the seed."""
     model, tokenizer, base_path, num_layers = build_policy(cfg)
     ref_model = load_reference(cfg.model, base_path, beta=cfg.grpo.beta, lora=cfg.lora.enabled)
     sync_parameters(model, world)
     # Loading models draws random numbers (layer init before the weights arrive), and how many
     # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
-    examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
+    examples = load_examples(cfg.data, tokenizer, seed=cfg.seed, rows=rows)
     gen, settings = cfg.generation, UpdateSettings.from_config(cfg)
     return Trainer(
         model, tokenizer, base_path, num_layers, ref_model, examples,

@@ -26,23 +26,29 @@ from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
 from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.models.load import resolve_dtype
+from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, CONFIG, DAMAGED_SUFFIX, METRICS, checkpoint_dir
 from mlx_grpo.run.lock import lock_run_folder
-from mlx_grpo.run.log import CompletionLog, MetricsLog, format_sample, format_step, truncate_jsonl
+from mlx_grpo.run.log import (
+    CompletionLog, MetricsLog, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
+)
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
 from mlx_grpo.run.watch import RunWatcher
 from mlx_grpo.update.step import optimize
 
 
-def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False) -> Path:
+def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False,
+          reward_set: RewardSet | None = None, rows: list[dict] | None = None) -> Path:
     """Run GRPO as configured; returns the final checkpoint folder.
 
     With cfg.checkpoint.resume the run continues from the newest checkpoint in output_dir;
     `overwrite` replaces a run found there, `force` resumes despite config differences.
+    `reward_set` and `rows` (the Python API's) replace cfg.rewards and the training split.
     Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
     it samples its share of each step's prompts and only rank 0 writes anything.
     """
@@ -50,17 +56,17 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     check_world(cfg, world)
     # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
     with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
-        return _train(cfg, config_path, world, overwrite, force)
+        return _train(cfg, config_path, world, overwrite, force, reward_set, rows)
 
 
-def _train(cfg, config_path, world, overwrite: bool, force: bool) -> Path:
+def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows) -> Path:
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
-    reward_set = make_rewards(cfg, config_path)
+    reward_set = reward_set or make_rewards(cfg, config_path)
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo
-    tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world)
+    tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world, rows=rows)
     # None unless [eval] every > 0; rank 0 evaluates alone, its parameters equal every rank's.
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
@@ -93,12 +99,14 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool) -> Path:
         if world.is_main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
             ckpt = save(tr, cfg, step, stream, bad_steps)
         if requested:
+            if log:
+                log.finish(ckpt, t.max_steps, stopped=True)
             stop.restore()
             raise RunStopped(stop.signum or signal.SIGTERM, step, ckpt)
     bar.close()
     if not world.is_main:
         return checkpoint_dir(out, t.max_steps)
-    log.finish(ckpt)
+    log.finish(ckpt, t.max_steps)
     return ckpt
 
 
@@ -160,6 +168,9 @@ def announce(cfg, tr: Trainer, world) -> None:
         return
     trainable = sum(v.size for _, v in tree_flatten(tr.model.trainable_parameters()))
     print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {Path(cfg.output_dir)}")
+    if cfg.model.dtype == "auto":
+        print(f"mlx-grpo: model.dtype = auto: {resolve_dtype('auto')} on this backend "
+              "(bfloat16 on Metal, float32 on the CPU backend)")
     if world.size > 1:
         print(f"mlx-grpo: data-parallel over {world.size} ranks, "
               f"{allreduce_bytes(tr.model) / 1e6:.2f} MB all-reduced per update")
@@ -210,7 +221,8 @@ class StepLog:
     and the live warnings."""
 
     def __init__(self, cfg, fresh: bool):
-        out = Path(cfg.output_dir)
+        out = self.out = Path(cfg.output_dir)
+        self.started = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
@@ -230,10 +242,14 @@ class StepLog:
             self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
                                self.completions)
 
-    def finish(self, ckpt) -> None:
+    def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
+        """The end-of-run summary; after a clean stop too."""
         if self.watcher.summary():
-            print(self.watcher.summary())
-        print(f"mlx-grpo: done; final checkpoint {ckpt}")
+            tqdm.write(self.watcher.summary())
+        warnings = sum(self.watcher.counts.values())
+        for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
+                                   ckpt, warnings, stopped):
+            tqdm.write(line)
 
 
 def add_arguments(parser):

@@ -67,7 +67,7 @@ RULES: dict[str, Rule] = {
     "data.dataset": _DATASET,
     "data.split": _NON_EMPTY,
     "data.prompt_field": _NON_EMPTY,
-    "model.dtype": _one_of("float32", "float16", "bfloat16"),
+    "model.dtype": _one_of("auto", "float32", "float16", "bfloat16"),
     "model.quantize_bits": _one_of(0, 4, 8),
     "model.quantize_group_size": _one_of(32, 64, 128),
     "lora.rank": _at_least(1),
@@ -166,6 +166,11 @@ def _merge(obj: Any, table: dict[str, Any], prefix: str, source: str) -> None:
         dotted = _dotted(prefix, key)
         if key not in hints:
             what = "section" if not prefix and isinstance(value, dict) else "key"
+            owners = [] if prefix else [s for s, h in hints.items() if dataclasses.is_dataclass(h)
+                                        and key in typing.get_type_hints(h)]
+            if owners:  # a section's key given bare, e.g. max_steps=3
+                guesses = " or ".join(f"'{owner}.{key}'" for owner in owners)
+                raise ConfigError(f"{source}: unknown key {key!r} (did you mean {guesses}?)")
             raise _unknown(source, prefix, key, list(hints), what)
         hint = hints[key]
         if dataclasses.is_dataclass(hint):  # a section: merge into it, key by key
@@ -259,13 +264,25 @@ def _parse_override(item: str) -> dict[str, Any]:
     return value
 
 
-def load_config(path: str | os.PathLike | None, overrides: Sequence[str] = ()) -> Config:
-    """Defaults <- the profile at `path` (None = defaults only) <- `section.key=value` overrides."""
+def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Sequence[str] = (),
+                keywords: dict[str, Any] | None = None) -> Config:
+    """Defaults <- the profile <- `section.key=value` overrides <- keyword overrides.
+
+    The profile is a TOML file's path, a dict of the same shape, a Config, or None (defaults
+    only). `keywords` are the Python API's overrides: a top-level key with its value
+    (`seed=1`) or a section with a dict (`training={"max_steps": 3}`), checked as `--set` is.
+    """
     cfg = Config()
-    if path is not None:
-        _merge(cfg, _read_profile(path), "", str(path))
+    if isinstance(profile, Config):
+        _merge(cfg, config_to_dict(profile), "", "config")
+    elif isinstance(profile, dict):
+        _merge(cfg, profile, "", "config")
+    elif profile is not None:
+        _merge(cfg, _read_profile(profile), "", str(profile))
     for item in overrides:
         _merge(cfg, _parse_override(item), "", f"--set {item}")
+    for key, value in (keywords or {}).items():
+        _merge(cfg, {key: value}, "", f"mlx_grpo.train({key}=...)")
     if cfg.grpo.epsilon_high is None:
         cfg.grpo.epsilon_high = cfg.grpo.epsilon
     if cfg.lora.resume_adapter and not cfg.lora.enabled:

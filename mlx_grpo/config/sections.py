@@ -14,7 +14,7 @@ DEFAULT_SYSTEM_PROMPT = (
 @dataclass
 class ModelConfig:
     path: str = "builtin:tiny"  # hub id, local folder, or builtin:NAME
-    dtype: str = "float32"
+    dtype: str = "auto"  # bfloat16 on Metal, float32 on the CPU backend (models/load.resolve_dtype)
     quantize_bits: int = 0  # 0 = keep the weights as they are
     quantize_group_size: int = 64
     trust_remote_code: bool = False

@@ -1,8 +1,8 @@
 """Chat prompts, the one place they are rendered: the default system prompt, a conversation's
 messages, and its text or token ids where the model's answer begins.
 
-Training renders one question (`render_prompt`), generate and chat a whole conversation
-(`render_messages`); both go through `render_text`. With a chat template the text is the
+Training renders a data set's prompt, one question or a conversation (`prompt_messages`),
+generate and chat a whole conversation (`render_messages`); all go through `render_text`. With a chat template the text is the
 template's; a tokenizer without one gets plain text (`plain_text`): the system prompt, then
 `User: ...` and `Assistant: ...` lines, ending with `Assistant:`. So a model trained on plain
 prompts is asked in the format it learned.
@@ -44,6 +44,17 @@ def render_prompt(tokenizer, question: str, system_prompt: str = "") -> str:
 def render_messages(tokenizer, messages: list[dict]) -> list[int]:
     """Token ids of a conversation, ending where the assistant's next answer begins."""
     return tokenizer.encode(render_text(tokenizer, messages), add_special_tokens=False)
+
+
+def prompt_messages(prompt: str | list[dict], system_prompt: str = "") -> list[dict]:
+    """A data set's prompt as messages, in either of TRL's formats: text, one question under the
+    system prompt, or conversational, a list of {role, content} messages, whose own system
+    message replaces the system prompt."""
+    if isinstance(prompt, str):
+        return conversation(system_prompt, prompt)
+    if any(m["role"] == "system" for m in prompt) or not system_prompt:
+        return list(prompt)
+    return [{"role": "system", "content": system_prompt}, *prompt]
 
 
 def conversation(system_prompt: str, prompt: str) -> list[dict]:

@@ -12,7 +12,7 @@ from pathlib import Path
 import random
 import sys
 
-from mlx_grpo.data.chat import has_chat_template, plain_prompt, render_prompt
+from mlx_grpo.data.chat import ROLES, has_chat_template, plain_prompt, prompt_messages, render_text
 from mlx_grpo.errors import UserError
 
 # The whole training pool once, and 200 of the 325 held-out questions. The rows never depend on
@@ -112,13 +112,31 @@ def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:
     return value
 
 
+def _messages(prompt: list, index: int, label: str, key: str) -> list[dict]:
+    """A conversational prompt's messages, checked: {role, content} each, with a user message."""
+    roles = ("system", *ROLES)
+    for m in prompt:
+        if not (isinstance(m, dict) and m.get("role") in roles and isinstance(m.get("content"), str)):
+            raise DataError(f"{label}: row {index} field {key!r}: each message must be "
+                            f"{{role: {' / '.join(roles)}, content: text}}, got {m!r:.60}")
+    if not any(m["role"] == "user" for m in prompt):
+        raise DataError(f"{label}: row {index} field {key!r}: the conversation has no user message")
+    return [{"role": m["role"], "content": m["content"]} for m in prompt]
+
+
 def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Example], int]:
     """Examples for rows that fit in cfg.max_prompt_tokens, and the count skipped."""
     examples, skipped = [], 0
     for i, row in enumerate(rows):
-        question = _field(row, cfg.prompt_field, i, label, "data.prompt_field")
+        prompt = row.get(cfg.prompt_field)
+        if isinstance(prompt, list):  # conversational: the rewards see the last user message
+            messages = prompt_messages(_messages(prompt, i, label, cfg.prompt_field), cfg.system_prompt)
+            question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
+        else:
+            question = _field(row, cfg.prompt_field, i, label, "data.prompt_field")
+            messages = prompt_messages(question, cfg.system_prompt)
         answer = _field(row, cfg.answer_field, i, label, "data.answer_field") if cfg.answer_field else None
-        text = render_prompt(tokenizer, question, cfg.system_prompt)
+        text = render_text(tokenizer, messages)
         tokens = tokenizer.encode(text, add_special_tokens=False)
         if len(tokens) > cfg.max_prompt_tokens:
             skipped += 1
@@ -128,13 +146,14 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
 
 
 def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None,
-                  setting: str = "data.split") -> list[Example]:
+                  setting: str = "data.split", rows: list[dict] | None = None) -> list[Example]:
     """Load, map and tokenize one split (default cfg.split); prints how many prompts were too long.
 
     `setting` is the key or flag that chose the split, named when the split does not exist.
+    `rows`, when given (the Python API's `dataset=`), are the split's rows instead of cfg.dataset's.
     """
     split = split or cfg.split
-    rows = load_rows(cfg.dataset, cfg.subset, split, seed, setting=setting)
+    rows = load_rows(cfg.dataset, cfg.subset, split, seed, setting=setting) if rows is None else rows
     if not rows:
         raise DataError(f"data.dataset: split {split!r} of {_label(cfg.dataset, split)!r} has no rows")
     if not has_chat_template(tokenizer):

@@ -56,14 +56,15 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
 
 
 def add_arguments(parser):
-    parser.add_argument("--hf-path", required=True, metavar="ID_OR_DIR")
-    parser.add_argument("--mlx-path", required=True, metavar="DIR")
-    parser.add_argument("--quantize", "-q", action="store_true")
-    parser.add_argument("--q-bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8))
-    parser.add_argument("--q-group-size", type=int, default=64, choices=(32, 64, 128))
+    parser.add_argument("--hf-path", required=True, metavar="ID_OR_DIR", help="a hub id or a local Hugging Face model folder")
+    parser.add_argument("--mlx-path", required=True, metavar="DIR", help="the MLX model folder to write")
+    parser.add_argument("--quantize", "-q", action="store_true", help="quantize the weights (--q-bits, --q-group-size)")
+    parser.add_argument("--q-bits", type=int, default=4, choices=(2, 3, 4, 5, 6, 8), help="bits per weight with --quantize (default 4)")
+    parser.add_argument("--q-group-size", type=int, default=64, choices=(32, 64, 128),
+                        help="weights sharing one scale with --quantize (default 64)")
     parser.add_argument("--dtype", default=None, choices=DTYPES, help="default: as the checkpoint stores it")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --mlx-path")
-    parser.add_argument("--trust-remote-code", action="store_true")
+    parser.add_argument("--trust-remote-code", action="store_true", help="run the model's own tokenizer code (off by default)")
 
 
 def main(args) -> Path:

@@ -37,8 +37,8 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
 
 
 def add_arguments(parser):
-    parser.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT")
-    parser.add_argument("--out", required=True, metavar="DIR")
+    parser.add_argument("source", metavar="RUN_DIR_OR_CHECKPOINT", help="a run folder (its newest checkpoint) or a checkpoint")
+    parser.add_argument("--out", required=True, metavar="DIR", help="the standalone model folder to write")
     parser.add_argument("--adapter", default=None, metavar="DIR", help="an adapter folder, when SOURCE is its base")
     parser.add_argument("--dequantize", action="store_true", help="write float weights for a quantized base")
     parser.add_argument("--force", action="store_true", help="replace a non-empty --out")

@@ -239,7 +239,7 @@ def is_stepwise(completion: str) -> bool:
 def fingerprint(model, tokenizer, questions: list[dict], seed: int = 0) -> dict:
     """What a build does on held-out questions: accuracy and share of worked steps,
     greedy and sampled at temperature 1 (the share over two-step questions only)."""
-    from mlx_grpo.data.load import render_prompt
+    from mlx_grpo.data.chat import render_prompt
     from mlx_grpo.rewards import extract_predicted_number
     from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 

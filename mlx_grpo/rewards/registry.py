@@ -77,9 +77,12 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardFn:
     """A built-in name, 'package.module:function', or 'path/to/file.py:function' -> the function.
 
     Relative file paths are tried against base_dir (e.g. the config file's folder) first, then the cwd.
+    A function (the Python API's `rewards=[fn]`) is its own reward.
     """
+    if callable(name):
+        return name
     if not isinstance(name, str):
-        raise RewardError(f"reward name must be a string, got {name!r}")
+        raise RewardError(f"reward name must be a string or a function, got {name!r}")
     if name in REWARDS:
         return REWARDS[name]
     if ":" not in name:
@@ -113,12 +116,12 @@ class RewardSet:
     A weight of 0 still computes the reward, so it is logged as a metric without training on it.
     """
 
-    def __init__(self, items: list[tuple[str, float]], base_dir: str | Path | None = None,
+    def __init__(self, items: list[tuple[str | RewardFn, float]], base_dir: str | Path | None = None,
                  group_size: int = 1):
         self.group_size = group_size  # completions per prompt, so errors can name the prompt
         if not items:
             raise RewardError("no rewards configured: give at least one (name, weight)")
-        names = [name for name, _ in items]
+        names = [getattr(name, "__name__", name) if callable(name) else name for name, _ in items]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
             raise RewardError(f"reward(s) listed more than once: {', '.join(dupes)}")
@@ -127,9 +130,9 @@ class RewardSet:
         self.weights = {}
         for key, (name, weight) in zip(self.keys, items):
             if not _finite_real(weight):
-                raise RewardError(f"reward {name!r}: weight must be a finite number, got {weight!r}")
+                raise RewardError(f"reward {key!r}: weight must be a finite number, got {weight!r}")
             self.weights[key] = float(weight)
-        self.fns = {key: resolve_reward(name, base_dir) for key, name in zip(self.keys, names)}
+        self.fns = {key: resolve_reward(name, base_dir) for key, (name, _) in zip(self.keys, items)}
 
     @classmethod
     def from_config(cls, items, base_dir: str | Path | None = None, group_size: int = 1) -> RewardSet:

@@ -111,3 +111,36 @@ def format_step(m: dict) -> str:
 def format_sample(question: str, completion: str, reward: float, width: int = 300) -> str:
     short = lambda s: s if len(s) <= width else s[:width] + "..."
     return f"--- prompt: {short(question)!r}\n--- completion (reward {reward:.3f}): {short(completion)!r}"
+
+
+def _window(rows: list[dict], key: str) -> tuple[float, float, int] | None:
+    """(mean of the first w logged values, mean of the last w, w): w = 10, or half a short run's."""
+    values = [r[key] for r in rows if isinstance(r.get(key), (int, float))]
+    if not values:
+        return None
+    w = min(10, max(1, len(values) // 2))
+    return sum(values[:w]) / w, sum(values[-w:]) / w, w
+
+
+def format_summary(rows: list[dict], wall_seconds: float, max_steps: int, checkpoint, warnings: int,
+                   stopped: bool = False) -> list[str]:
+    """The end of a run on the console: steps, wall time, the reward and each reward's first ->
+    last window, the best eval reward, the final checkpoint and the warnings count."""
+    minutes, seconds = divmod(round(wall_seconds), 60)
+    last = rows[-1]["step"] if rows else 0
+    lines = [f"mlx-grpo: {'stopped' if stopped else 'done'} after step {last} of {max_steps}, "
+             f"{minutes}m{seconds:02d}s wall time, {warnings} warning{'s' * (warnings != 1)}"]
+    window = _window(rows, "reward")
+    if window:
+        first, final, w = window
+        lines.append(f"mlx-grpo: reward {first:.3f} -> {final:.3f} (mean of the first {w} logged steps "
+                     f"-> the last {w})")
+        for key in sorted(k for k in rows[-1] if k.startswith("rewards/") and k.endswith("/mean")):
+            first, final, _ = _window(rows, key)
+            lines.append(f"mlx-grpo:   {key.split('/')[1][:40]} {first:.3f} -> {final:.3f}")
+    evals = [r for r in rows if isinstance(r.get("eval/reward"), (int, float))]
+    if evals:
+        best = max(evals, key=lambda r: r["eval/reward"])
+        lines.append(f"mlx-grpo: best eval/reward {best['eval/reward']:.3f} at step {best['step']}")
+    lines.append(f"mlx-grpo: final checkpoint {checkpoint}" if checkpoint else "mlx-grpo: no checkpoint written")
+    return lines

@@ -279,3 +279,14 @@ def test_worked_steps_are_likelier_for_larger_first_operands():
     assert stepwise_probability("What is 0 + 3 - 1?", 0.1, 0.9) == pytest.approx(0.1)
     assert stepwise_probability("What is 9 - 3 + 1?", 0.1, 0.9) == pytest.approx(0.9)
     assert stepwise_probability("What is 3 + 3?", 0.1, 0.9) == pytest.approx(0.1 + 0.8 * 3 / 9)
+
+
+def test_held_out_questions_do_not_depend_on_the_seed():
+    # Seeds 0 and 1 used to share only 121 of their 200 held-out questions; every seed is now
+    # scored on the same 200, and trains on the same 995 (the seed only orders them).
+    from mlx_grpo.data.load import load_rows
+
+    assert load_rows("builtin:arithmetic", split="test", seed=0) == load_rows("builtin:arithmetic", split="test", seed=1)
+    assert len(load_rows("builtin:arithmetic", split="test", seed=7)) == 200
+    train = load_rows("builtin:arithmetic", split="train", seed=3)
+    assert len(train) == len({r["question"] for r in train}) == 995

@@ -14,7 +14,7 @@ import re
 import tomllib
 import types
 import typing
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import MISSING
 from pathlib import Path
 from typing import Any
@@ -22,6 +22,7 @@ from typing import Any
 import tomli_w
 
 from mlx_grpo.errors import UserError
+from mlx_grpo.config.rules import RULES, SEED_LIMIT
 from mlx_grpo.config.sections import Config
 
 
@@ -31,108 +32,6 @@ class ConfigError(UserError, ValueError):
     def __init__(self, message: str):
         super().__init__(message.replace("\n", "\\n"))
 
-
-# What each field allows beyond its type: dotted key -> (check, what the message says).
-Rule = tuple[Callable[[Any], bool], str]
-
-
-def _at_least(lo: float) -> Rule:
-    return (lambda v: v >= lo), f">= {lo}"
-
-
-def _above(lo: float) -> Rule:
-    return (lambda v: v > lo), f"> {lo}"
-
-
-def _one_of(*allowed: object) -> Rule:
-    return (lambda v: v in allowed), "one of " + ", ".join(map(repr, allowed))
-
-
-_UNIT: Rule = (lambda v: 0 <= v < 1), "in [0, 1)"
-
-_NON_EMPTY: Rule = (lambda v: bool(v.strip())), "a non-empty string"
-
-_DATASET: Rule = (
-    (lambda v: bool(v.strip()) if isinstance(v, str) else bool(v) and all(k.strip() and f.strip() for k, f in v.items())),
-    "a non-empty string (hub id, file or builtin:NAME) or a non-empty table of split names to files",
-)
-
-# NumPy's legacy seeding (np.random.seed) takes [0, 2**32); MLX and Python take more.
-SEED_LIMIT = 2**32
-
-RULES: dict[str, Rule] = {
-    "seed": ((lambda v: 0 <= v < SEED_LIMIT), "in [0, 2**32)"),
-    "output_dir": _NON_EMPTY,
-    "model.path": _NON_EMPTY,
-    "data.dataset": _DATASET,
-    "data.split": _NON_EMPTY,
-    "data.prompt_field": _NON_EMPTY,
-    "model.dtype": _one_of("auto", "float32", "float16", "bfloat16"),
-    "model.quantize_bits": _one_of(0, 4, 8),
-    "model.quantize_group_size": _one_of(32, 64, 128),
-    "lora.rank": _at_least(1),
-    "lora.alpha": _above(0),
-    "lora.dropout": _UNIT,
-    "lora.target_modules": (bool, "a non-empty array of module names"),
-    "lora.num_layers": ((lambda v: v == -1 or v >= 1), "-1 (all layers) or >= 1"),
-    "lora.method": _one_of("lora", "dora"),
-    "data.max_prompt_tokens": _at_least(1),
-    "generation.num_generations": (
-        (lambda v: v >= 2),
-        ">= 2 (G must be at least 2 because advantages are relative within a group)",
-    ),
-    "generation.max_new_tokens": _at_least(1),
-    "generation.temperature": _above(0),
-    "generation.top_p": ((lambda v: 0 < v <= 1), "in (0, 1]"),
-    "generation.top_k": _at_least(0),
-    "generation.min_p": _UNIT,
-    "generation.batch_size": _at_least(0),
-    "grpo.beta": _at_least(0),
-    "grpo.epsilon": _above(0),
-    "grpo.epsilon_high": _above(0),
-    "grpo.loss_type": _one_of("grpo", "bnpo", "dr_grpo", "dapo"),
-    "grpo.scale_rewards": _one_of("group", "batch", "none"),
-    "grpo.num_iterations": _at_least(1),
-    "grpo.importance_sampling_level": _one_of("token", "sequence"),
-    "grpo.top_entropy_quantile": ((lambda v: 0 < v <= 1), "in (0, 1]"),
-    "grpo.max_resample_rounds": _at_least(0),
-    "grpo.overlong_penalty": _at_least(0),
-    "grpo.overlong_buffer": _at_least(1),
-    "rewards": (bool, "a non-empty array (at least one reward)"),
-    "rewards.name": (bool, "a non-empty reward name"),
-    "training.max_steps": _at_least(1),
-    "training.prompts_per_step": _at_least(1),
-    "training.gradient_accumulation_steps": _at_least(1),
-    "training.micro_batch_size": _at_least(0),
-    "training.learning_rate": _above(0),
-    "training.lr_schedule": _one_of("linear", "cosine", "constant"),
-    "training.warmup_steps": (
-        (lambda v: 0 <= v < 1 or v == int(v)), "a whole number of updates, or a share in [0, 1)"
-    ),
-    "training.weight_decay": _at_least(0),
-    "training.adam_betas": (
-        (lambda v: len(v) == 2 and all(0 <= b < 1 for b in v)), "two values, each in [0, 1)"
-    ),
-    "training.max_grad_norm": _at_least(0),
-    "training.max_bad_steps": _at_least(0),
-    "logging.log_every": _at_least(1),
-    "logging.log_completions": _at_least(0),
-    "logging.warn_zero_std_frac": _UNIT,
-    "logging.warn_zero_std_steps": _at_least(0),
-    "logging.warn_grad_norm_factor": ((lambda v: v == 0 or v > 1), "0 (off) or > 1"),
-    "logging.warn_clipped_ratio": ((lambda v: 0 <= v < 1), "in [0, 1) (0 = off)"),
-    "logging.warn_kl": _at_least(0),
-    "logging.warn_reward_falling_steps": ((lambda v: v == 0 or v >= 3), "0 (off) or >= 3"),
-    "checkpoint.save_every": _at_least(1),
-    "checkpoint.keep_last": _at_least(1),
-    "eval.every": _at_least(0),
-    "eval.split": (bool, "a non-empty split name"),
-    "eval.limit": _at_least(0),
-    "eval.num_samples": _at_least(1),
-    "eval.temperature": _above(0),
-    "eval.max_new_tokens": _at_least(0),
-    "eval.batch_size": _at_least(1),
-}
 
 _KINDS = {bool: "boolean", int: "integer", float: "float", str: "string",
           list: "array", dict: "table"}

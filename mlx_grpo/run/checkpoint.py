@@ -21,6 +21,7 @@ import mlx_lm.utils
 
 from mlx_grpo.config import save_config
 from mlx_grpo.errors import TrainingError
+from mlx_grpo.models.saved_template import write_system_prompt
 from mlx_grpo.run.layout import (
     ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, MANIFEST, OPTIMIZER_STATE, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
     write_trainer_state,
@@ -54,6 +55,7 @@ def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers:
     else:
         model_config = mlx_lm.utils.load_config(Path(base_path))
         mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
+        write_system_prompt(dst, cfg.data.system_prompt)
 
 
 def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_path,

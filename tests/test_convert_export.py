@@ -2,6 +2,7 @@
 serving both with mlx_lm.server."""
 
 import json
+from pathlib import Path
 import socket
 import subprocess
 import sys
@@ -181,6 +182,7 @@ def test_mlx_lm_and_mlx_grpo_generate_answer_alike_from_checkpoint_and_export(lo
         "training.max_steps=1", "training.prompts_per_step=2", "generation.max_new_tokens=16",
         f'output_dir="{tmp_path / "full"}"',
     ]))
+    assert "A full fine-tune of `" in (ckpt / "README.md").read_text()  # mlx-grpo's card, not mlx-lm's
     exported = tmp_path / "exported"
     assert main(["export", str(lora_run), "--out", str(exported)]) == 0
     questions = [row["question"] for row in make_problems(4, seed=3, split="test")]
@@ -195,3 +197,20 @@ def test_mlx_lm_and_mlx_grpo_generate_answer_alike_from_checkpoint_and_export(lo
     messages = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "Hi"}]
     assert tokenizer.apply_chat_template(messages, tokenize=False).count("<|im_start|>system") == 1
     assert DEFAULT_SYSTEM_PROMPT not in tokenizer.apply_chat_template(messages, tokenize=False)
+
+
+def test_adapter_config_names_a_loadable_base_and_checkpoints_carry_a_model_card(lora_run, tiny_path):
+    step2 = lora_run / "checkpoints" / "step_000002"
+    base = json.loads((step2 / "adapter_config.json").read_text())["base_model"]
+    assert not base.startswith("builtin:") and base == str(Path(tiny_path).resolve())
+    model, _ = mlx_lm.load(base, adapter_path=str(step2))  # what a user of mlx-lm does with it
+    assert mx.allclose(model(X), load_model(str(lora_run)).model(X)).item()
+
+    card = (step2 / "README.md").read_text()
+    assert card.startswith("---\nlibrary_name: mlx\n") and f"base_model: {base}\n" in card
+    assert "started with: `" in card and "mlx-grpo train --config CHECKPOINT/config.toml" in card
+    assert f"--adapter-path CHECKPOINT" in card and "--system-prompt" in card
+    metrics = [json.loads(line) for line in (lora_run / "metrics.jsonl").read_text().splitlines()]
+    assert f"| `reward` | {metrics[1]['reward']:.4g} |" in card
+    assert (step2 / "config.toml").read_text().strip() in card
+    assert "README.md" in json.loads((step2 / "checkpoint_manifest.json").read_text())

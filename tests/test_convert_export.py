@@ -28,6 +28,7 @@ def test_convert_local_hf_folder_refuses_a_non_empty_destination(tmp_path, tiny_
     dst = tmp_path / "tiny-mlx"
     dst.mkdir()  # an empty folder is fine
     assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst)]) == 0
+    assert "[INFO]" not in capsys.readouterr().out  # mlx-lm's progress lines are not ours to print
     converted, _ = mlx_lm.load(str(dst))
     assert mx.array_equal(converted(X), tiny[0](X)).item()
 
@@ -38,6 +39,7 @@ def test_convert_local_hf_folder_refuses_a_non_empty_destination(tmp_path, tiny_
     assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst), "--force",
                  "--quantize", "--q-bits", "8", "--q-group-size", "32"]) == 0
     assert json.loads((dst / "config.json").read_text())["quantization"]["bits"] == 8
+    assert "[INFO]" not in capsys.readouterr().out  # nor "[INFO] Quantized model with ..."
     quantized, _ = mlx_lm.load(str(dst))
     assert isinstance(quantized.layers[0].mlp.down_proj, nn.QuantizedLinear)
     assert not list(tmp_path.glob(".tiny-mlx.tmp*"))

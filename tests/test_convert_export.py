@@ -216,3 +216,30 @@ def test_adapter_config_names_a_loadable_base_and_checkpoints_carry_a_model_card
     assert f"| `reward` | {metrics[1]['reward']:.4g} |" in card
     assert (step2 / "config.toml").read_text().strip() in card
     assert "README.md" in json.loads((step2 / "checkpoint_manifest.json").read_text())
+
+
+def test_saved_template_adds_the_system_prompt_and_gives_plain_text_where_there_was_none(tmp_path, tiny_path):
+    import shutil
+
+    from mlx_grpo.data.chat import conversation, plain_text
+    from mlx_grpo.models.saved_template import write_system_prompt
+
+    system = 'Say "4", then\nstop {{ not jinja }} \u00e9'
+    question = [{"role": "user", "content": "What is 2 + 2?"}]
+    with_template, without = tmp_path / "with", tmp_path / "without"
+    shutil.copytree(tiny_path, with_template)
+    shutil.copytree(tiny_path, without)
+    config = json.loads((without / "tokenizer_config.json").read_text())
+    del config["chat_template"]
+    (without / "tokenizer_config.json").write_text(json.dumps(config))
+    for folder in (with_template, without):
+        write_system_prompt(folder, "an earlier run's prompt")
+        write_system_prompt(folder, system)  # saved again (an export of a checkpoint): replaced, not stacked
+        _, tokenizer = mlx_lm.load(str(folder))
+        render = lambda messages: tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+        assert render(question) == render(conversation(system, question[0]["content"]))
+        assert render(question).count(system) == 1 and "earlier run" not in render(question)
+    _, tokenizer = mlx_lm.load(str(without))
+    messages = conversation(system, "What is 2 + 2?") + [{"role": "assistant", "content": "4"},
+                                                        {"role": "user", "content": "And 3 + 3?"}]
+    assert tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False) == plain_text(messages)

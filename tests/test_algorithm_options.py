@@ -123,3 +123,34 @@ def test_readme_algorithm_commands_parse_and_set_the_options():
         seen.update({k: getattr(g, k) for k in ("importance_sampling_level", "overlong_penalty",
                                                 "top_entropy_quantile") if getattr(g, k) != getattr(type(g)(), k)})
     assert seen == {"importance_sampling_level": "sequence", "overlong_penalty": 1.0, "top_entropy_quantile": 0.2}
+
+
+def test_readme_training_commands_run_one_after_another():
+    """Every training command of the README, in order, starts in a folder no earlier one used,
+    unless it says --resume or --overwrite (a folder holding a run is refused otherwise)."""
+    import re
+    import shlex
+    from pathlib import Path
+
+    from mlx_grpo.cli import build_parser
+
+    blocks = re.findall(r"```bash\n(.*?)```", Path("README.md").read_text(), re.S)
+    lines = [ln for b in blocks for ln in b.replace("\\\n", " ").splitlines() if "mlx-grpo " in ln]
+    parser, _ = build_parser()
+    used, checked = set(), 0
+    for line in lines:
+        words = shlex.split(line, comments=True)
+        if "mlx-grpo" not in words:
+            continue
+        words = words[words.index("mlx-grpo") + 1:]
+        if not words or words[0] not in ("train", "--config"):
+            continue
+        args = parser.parse_args(["train", *words[words[0] == "train":]])
+        out = load_config(args.config, args.overrides).output_dir
+        if args.resume:
+            assert out in used, line
+        elif not args.overwrite:
+            assert out not in used, f"refused, {out} already holds a run: {line}"
+        used.add(out)
+        checked += 1
+    assert checked >= 8

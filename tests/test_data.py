@@ -134,3 +134,17 @@ def test_dataset_table_in_the_config(tmp_path):
         load_config(None, ["data.dataset={train = 'a.jsonl', test = 3}"])
     with pytest.raises(ConfigError, match=r"data.dataset must be a non-empty string .* or a non-empty table"):
         load_config(None, ["data.dataset={}"])
+
+
+def test_loading_local_files_prints_no_progress_bars_and_leaves_them_on(tmp_path, capfd):
+    import datasets
+
+    # Content unique to this test: a cached copy would skip the 'Generating' bar anyway.
+    path = tmp_path / "quiet.jsonl"
+    path.write_text(json.dumps({"question": f"What is 1 + 1? {tmp_path.name}", "answer": "#### 2"}) + "\n")
+    table = {"train": str(path), "test": str(path)}
+    capfd.readouterr()
+    assert len(load_rows(str(path))) == 1 and len(load_rows(table, split="test")) == 1
+    printed = capfd.readouterr()
+    assert "Generating" not in printed.err + printed.out and printed.err + printed.out == ""
+    assert datasets.is_progress_bar_enabled()  # put back for a hub download later

@@ -87,15 +87,30 @@ def test_eval_command_on_a_run_writes_json_into_the_run(lora_run, capsys):
     assert result["split"] == "test" and result["metrics"]["num_prompts"] == 4 and len(result["samples"]) == 4
     table = capsys.readouterr().out
     assert "accuracy" in table and str(written) in table
+    # Again, with fewer prompts: the first result stays, the second gets the next free name.
+    assert main(["eval", "--model", str(lora_run), "--limit", "2", "--max-tokens", "32"]) == 0
+    assert json.loads(written.read_text())["metrics"]["num_prompts"] == 4
+    second = lora_run / "eval_test_step_000002_2.json"
+    assert json.loads(second.read_text())["metrics"]["num_prompts"] == 2 and str(second) in capsys.readouterr().out
+    second.unlink()
 
 
-def test_eval_of_the_configured_base_writes_into_the_working_directory(tmp_path, monkeypatch, capsys):
+def test_eval_of_the_configured_base_writes_under_runs_eval_and_never_over_a_file(tmp_path, monkeypatch, capsys):
     profile = str(Path(SMOKE).resolve())
     monkeypatch.chdir(tmp_path)
     assert main(["eval", "--config", profile, "--limit", "3", "--max-tokens", "32"]) == 0
-    result = json.loads((tmp_path / "eval_test.json").read_text())
+    assert [p.name for p in tmp_path.iterdir()] == ["runs"]  # nothing left in the working directory
+    result = json.loads((tmp_path / "runs" / "eval" / "builtin-tiny_test.json").read_text())
     assert result["model"] == "builtin:tiny" and result["metrics"]["num_prompts"] == 3
     assert result["max_new_tokens"] == 32 and "accuracy" in capsys.readouterr().out
+    out = tmp_path / "mine.json"
+    out.write_text("{}")
+    assert main(["eval", "--config", profile, "--limit", "2", "--max-tokens", "8", "--out", str(out)]) == 2
+    assert capsys.readouterr().err.strip().endswith("file exists; pass --overwrite to replace it")
+    assert out.read_text() == "{}"
+    assert main(["eval", "--config", profile, "--limit", "2", "--max-tokens", "8", "--out", str(out),
+                 "--overwrite"]) == 0
+    assert json.loads(out.read_text())["metrics"]["num_prompts"] == 2
 
 
 def test_eval_refuses_a_split_the_data_does_not_have(tmp_path, capsys):

@@ -21,3 +21,20 @@ def test_every_public_function_and_class_is_used():
                 if uses <= 1:  # its own definition only
                     unused.append(f"{path.stem}.{node.name}")
     assert not unused
+
+
+def test_folders_the_readme_writes_into_are_git_ignored_and_the_package_is_not():
+    import shutil
+    import subprocess
+
+    root = Path(__file__).parent.parent
+    if shutil.which("git") is None or not (root / ".git").exists():
+        import pytest
+
+        pytest.skip("not a git checkout")
+
+    def ignored(path: str) -> bool:
+        return subprocess.run(["git", "check-ignore", "-q", path], cwd=root).returncode == 0
+
+    assert ignored("models/qwen-4bit/config.json") and ignored("runs/eval/builtin-tiny_test.json")
+    assert not ignored("mlx_grpo/models/load.py")  # /models/, anchored: not the package's models/

@@ -9,6 +9,8 @@ Every configured reward is averaged over greedy completions, under the names tra
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
   greedy completions against the references (rouge-score, stemmed).
 Identical (question, answer) rows are scored once, so a cycled split does not count twice.
+`mlx-grpo eval` writes the results JSON into the run folder, or under runs/eval/ for a model
+that is not a run, and never replaces an earlier file unless told to (`output_path`).
 """
 
 from collections import Counter
@@ -16,12 +18,14 @@ from dataclasses import dataclass
 from decimal import Decimal
 import json
 from pathlib import Path
+import re
 
 import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
 from mlx_grpo.commands.args import add_model_args, number_at_least, seed_number
+from mlx_grpo.errors import UserError
 from mlx_grpo.data.load import load_examples
 from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
 from mlx_grpo.rng import capture_rng, restore_rng
@@ -185,11 +189,31 @@ def _eval_config(args, loaded):
                      "or a --model that comes from a run")
 
 
-def default_output(loaded, split: str) -> Path:
-    """<run>/eval_<split>_<checkpoint>.json for a run's checkpoint, else ./eval_<split>.json."""
+EVAL_DIR = Path("runs") / "eval"  # where results of models that are not runs go (runs/ is git-ignored)
+
+
+def default_output(loaded, split: str, model_name: str) -> Path:
+    """<run>/eval_<split>_<checkpoint>.json for a run's checkpoint, else runs/eval/<model>_<split>.json."""
     if loaded is not None and loaded.run_dir is not None:
         return loaded.run_dir / f"eval_{split}_{loaded.checkpoint.name}.json"
-    return Path.cwd() / f"eval_{split}.json"
+    slug = re.sub(r"[^A-Za-z0-9._-]+", "-", model_name.strip("/.~")).strip("-") or "model"
+    return EVAL_DIR / f"{slug}_{split}.json"
+
+
+def output_path(out: str | None, loaded, split: str, model_name: str, overwrite: bool) -> Path:
+    """Where the results go. An existing default file is kept and the next free numbered name
+    (`..._2.json`) used; an existing --out file is refused. --overwrite replaces either."""
+    if out:
+        path = Path(out).expanduser()
+        if path.exists() and not overwrite:
+            raise UserError(f"--out {out}: file exists; pass --overwrite to replace it")
+        return path
+    path = default_output(loaded, split, model_name)
+    n = 2
+    while path.exists() and not overwrite:
+        path = path.with_name(f"{default_output(loaded, split, model_name).stem}_{n}.json")
+        n += 1
+    return path
 
 
 def add_arguments(parser):
@@ -207,7 +231,9 @@ def add_arguments(parser):
     parser.add_argument("--max-tokens", type=number_at_least(1), default=None, help="default: eval.max_new_tokens")
     parser.add_argument("--seed", type=seed_number, default=None, help="default: the config's seed")
     parser.add_argument("--out", "--json", dest="out", default=None, metavar="FILE",
-                        help="results JSON (default: the run folder, else ./eval_<split>.json)")
+                        help="results JSON (default: <run>/eval_<split>_<checkpoint>.json for a run, else "
+                        "runs/eval/<model>_<split>.json; an existing default file gets a numbered name)")
+    parser.add_argument("--overwrite", action="store_true", help="replace an existing results file")
 
 
 def main(args) -> dict:
@@ -222,6 +248,8 @@ def main(args) -> dict:
     else:
         model, tokenizer = loaded.model, loaded.tokenizer
     split = args.split or cfg.eval.split
+    model_name = args.model or cfg.model.path
+    out = output_path(args.out, loaded, split, model_name, args.overwrite)  # before the slow part
     limit = cfg.eval.limit if args.limit is None else args.limit
     settings = EvalSettings.from_config(cfg, num_samples=args.num_samples, max_new_tokens=args.max_tokens,
                                         temperature=args.temperature)
@@ -229,9 +257,8 @@ def main(args) -> dict:
     examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
     mx.random.seed(cfg.seed if args.seed is None else args.seed)
     result = evaluate(model, tokenizer, examples, reward_set, settings)
-    result = {"model": args.model or cfg.model.path, "adapter": args.adapter, "split": split,
+    result = {"model": model_name, "adapter": args.adapter, "split": split,
               "num_samples": settings.num_samples, "max_new_tokens": settings.max_new_tokens, **result}
-    out = Path(args.out) if args.out else default_output(loaded, split)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(result, indent=2) + "\n")
     print(format_table(result["metrics"]))

@@ -7,6 +7,7 @@ takes `data_files` ({train = "a.jsonl", test = "b.jsonl"}). A single local file 
 `Example` holding the tokenized chat prompt and the reference answer the rewards compare against.
 """
 
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 import random
@@ -76,12 +77,32 @@ def _load_hf(path, subset, split, data_files=None, label="", setting="data.split
     import datasets
 
     try:
-        ds = datasets.load_dataset(path, subset, split=split, data_files=data_files)
+        with _quiet_datasets(data_files is not None):
+            ds = datasets.load_dataset(path, subset, split=split, data_files=data_files)
     except ValueError as e:
         if "split" in str(e).lower():
             raise DataError(f"{setting}: {label!r} has no split {split!r} ({e})") from e
         raise DataError(f"data.dataset: cannot load {label!r}: {e}") from e
     return [dict(row) for row in ds]
+
+
+@contextmanager
+def _quiet_datasets(local: bool):
+    """No 'Generating train split' bar or info lines for a local file (a hub download keeps its bars)."""
+    import datasets
+
+    if not local:
+        yield
+        return
+    bars, verbosity = datasets.is_progress_bar_enabled(), datasets.logging.get_verbosity()
+    datasets.disable_progress_bars()
+    datasets.logging.set_verbosity_error()
+    try:
+        yield
+    finally:
+        datasets.logging.set_verbosity(verbosity)
+        if bars:
+            datasets.enable_progress_bars()
 
 
 def _no_subset(subset: str, what: str) -> None:

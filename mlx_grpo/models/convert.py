@@ -6,7 +6,8 @@ is refused unless `force` is given, and the folder is written aside and renamed 
 so a failed or killed run never leaves half a model where the user asked for one.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
+import io
 import os
 from pathlib import Path
 import shutil
@@ -36,12 +37,18 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def quiet_convert(*args, **kwargs):
+    """`mlx_lm.convert.convert`, without the `[INFO] Loading/Quantizing ...` lines it prints."""
+    from mlx_lm.convert import convert
+
+    with redirect_stdout(io.StringIO()):  # it prints only progress; warnings go to stderr, as ours
+        return convert(*args, **kwargs)
+
+
 def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits: int = 4,
                   q_group_size: int = 64, dtype: str | None = None, force: bool = False,
                   trust_remote_code: bool = False) -> Path:
     """Write the MLX folder `mlx_path` from `hf_path`; returns it."""
-    from mlx_lm.convert import convert
-
     from mlx_grpo.models.load import resolve_model_path
 
     source = resolve_model_path(hf_path)
@@ -49,7 +56,7 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
         raise ModelError(f"--hf-path {hf_path}: no such folder")
     with output_folder(mlx_path, force) as tmp:
         tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
-        convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
+        quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
                 q_group_size=q_group_size if quantize else None, dtype=dtype,
                 trust_remote_code=trust_remote_code)
     return Path(mlx_path).expanduser()

@@ -3,7 +3,9 @@
 LoRA/DoRA adapters are fused into the base (a quantized base is re-quantized, or turned
 back into floats with `dequantize`); a full checkpoint is written as it is. The folder is what
 `mlx_lm.load`, `mlx_lm.generate` and `mlx_lm.server` read, plus the run's `config.toml`, from
-which `mlx-grpo generate/chat` take the system prompt the model was trained with.
+which `mlx-grpo generate/chat` take the system prompt the model was trained with; its chat
+template opens with that prompt too, so mlx-lm asks the model as training did
+(models/saved_template.py).
 """
 
 from pathlib import Path
@@ -15,6 +17,7 @@ from mlx_grpo.models.adapters import fuse_adapters
 from mlx_grpo.config import save_config
 from mlx_grpo.models.convert import output_folder
 from mlx_grpo.models.named import load_model
+from mlx_grpo.models.saved_template import write_system_prompt
 from mlx_grpo.run.layout import CONFIG
 
 
@@ -31,6 +34,7 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
         config.pop("quantization_config", None)
     with output_folder(out, force, flag="--out") as tmp:
         mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
+        write_system_prompt(tmp, loaded.system_prompt)
         if loaded.config is not None:
             save_config(loaded.config, tmp / CONFIG)
     return Path(out).expanduser()

@@ -49,7 +49,7 @@ def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remo
     dst = cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
     if (dst / "config.json").exists():
         return str(dst)
-    from mlx_lm.convert import convert
+    from mlx_grpo.models.convert import quiet_convert as convert
 
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)

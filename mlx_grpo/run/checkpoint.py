@@ -3,7 +3,8 @@
 A checkpoint folder (run/layout.py names its files) holds either a full model (config.json,
 model.safetensors, tokenizer; `mlx_lm.load(path)` reads it) or a LoRA adapter
 (adapters.safetensors, adapter_config.json; `mlx_lm.load(base, adapter_path=path)`),
-plus optimizer.safetensors, trainer_state.json and the resolved config.toml. It is
+plus optimizer.safetensors, trainer_state.json, the resolved config.toml and a README.md model
+card (run/model_card.py). It is
 written to a temporary folder and renamed into place, so a kill never leaves half of one.
 checkpoint_manifest.json, written last, holds the size and sha256 of every other file, so damage done
 later (a truncated copy, a full disk, an editor) is found before the checkpoint is trusted.
@@ -21,6 +22,9 @@ import mlx_lm.utils
 
 from mlx_grpo.config import save_config
 from mlx_grpo.errors import TrainingError
+from mlx_grpo.models.saved_template import write_system_prompt
+from mlx_grpo.run.log import read_metrics
+from mlx_grpo.run.model_card import loadable_base, write_model_card
 from mlx_grpo.run.layout import (
     ADAPTER_CONFIG, ADAPTER_WEIGHTS, CONFIG, MANIFEST, OPTIMIZER_STATE, TRAINER_STATE, checkpoint_dir, latest_checkpoint, list_checkpoints,
     write_trainer_state,
@@ -42,7 +46,7 @@ def adapter_config(cfg, num_layers: int) -> dict:
         "fine_tune_type": getattr(cfg.lora, "method", "lora"),
         "num_layers": num_layers,
         "lora_parameters": lora_parameters(cfg.lora),
-        "base_model": cfg.model.path,
+        "base_model": loadable_base(cfg.model.path),  # never builtin:NAME, which mlx-lm cannot load
     }
 
 
@@ -54,6 +58,16 @@ def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers:
     else:
         model_config = mlx_lm.utils.load_config(Path(base_path))
         mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
+        write_system_prompt(dst, cfg.data.system_prompt)
+
+
+def _metrics_of(output_dir, step: int) -> dict | None:
+    """The step's row of metrics.jsonl (logged before the checkpoint), if there is one."""
+    try:
+        rows = [row for row in read_metrics(output_dir) if row.get("step") == step]
+    except (OSError, ValueError):  # a damaged log costs the card its metrics, not the checkpoint
+        return None
+    return rows[-1] if rows else None
 
 
 def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_path,
@@ -68,6 +82,7 @@ def save_checkpoint(output_dir, step, *, model, tokenizer, optimizer, cfg, base_
         opt_state = dict(tree_flatten(optimizer.state))
         mx.save_safetensors(str(tmp / OPTIMIZER_STATE), opt_state)
         save_config(cfg, tmp / CONFIG)
+        write_model_card(tmp, cfg, step, _metrics_of(output_dir, step))
         # trainer_state.json goes last: its presence marks the folder complete.
         write_trainer_state(tmp, {"step": step, **trainer_state})
         write_manifest(tmp)

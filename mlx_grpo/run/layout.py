@@ -8,7 +8,8 @@
                                                completions.jsonl.damaged)
     <output_dir>/checkpoints/step_NNNNNN/      model.safetensors + config.json + tokenizer (full)
                                                or adapters.safetensors + adapter_config.json (LoRA),
-                                               optimizer.safetensors, config.toml,
+                                               optimizer.safetensors, config.toml, README.md
+                                               (the model card: base, command, metrics, config),
                                                trainer_state.json (it marks the checkpoint
                                                complete) and checkpoint_manifest.json, last: the
                                                size and sha256 of every other file.

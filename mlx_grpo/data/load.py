@@ -93,11 +93,39 @@ def _local_rows(dataset: str, setting: str) -> list[dict]:
     """All rows of a local .jsonl/.json/.parquet/.csv file."""
     path = Path(dataset).expanduser()
     suffix = path.suffix.lower()
+    if path.is_dir():
+        raise DataError(f"{setting}: {dataset!r} is a folder, not a data file")
     if not path.is_file():
         raise DataError(f"{setting}: file {dataset!r} does not exist")
     if suffix not in _LOCAL_FORMATS:
         raise DataError(f"{setting}: {dataset!r} has an unknown extension; expected one of " + ", ".join(_LOCAL_FORMATS))
-    return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
+    if suffix != ".parquet":
+        _check_text(path, suffix, f"{setting}: {dataset!r}")
+    try:
+        return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
+    except DataError:
+        raise
+    except Exception as e:  # the library's own errors (pyarrow, pandas, its DatasetGenerationError)
+        cause = e.__cause__ or e
+        raise DataError(f"{setting}: {dataset!r} cannot be read as {suffix[1:]}: "
+                        f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}") from e
+
+
+def _check_text(path: Path, suffix: str, label: str) -> None:
+    """A text data file must be UTF-8 and hold rows: the library's errors name neither the line
+    nor the file (an empty .jsonl is a bare StopIteration)."""
+    all_lines = path.read_bytes().splitlines()
+    for number, line in enumerate(all_lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{label} line {number} is not UTF-8 text (byte {line[e.start]:#04x} "
+                            f"at column {e.start + 1}); save the file as UTF-8") from None
+    lines = [line for line in all_lines if line.strip()]
+    if not lines:
+        raise DataError(f"{label} is empty (no rows)")
+    if suffix == ".csv" and len(lines) == 1:
+        raise DataError(f"{label} has a header line and no rows")
 
 
 def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:

@@ -2,11 +2,13 @@
 exist and hub ids with no hub. Each is one line naming the setting, never a traceback; each case
 is a unit call or a train/eval that stops before its first step."""
 
+from pathlib import Path
+
 import pytest
 
 from mlx_grpo import cli
 
-SMOKE = "configs/smoke_test.toml"
+SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke_test.toml")
 
 
 def _one_line_error(capsys, *needles):
@@ -65,3 +67,107 @@ def test_train_and_eval_on_a_damaged_data_file_are_one_line(tmp_path, capsys, co
     assert cli.main(argv) == 2
     _one_line_error(capsys, "data.dataset", str(path), DATA[name][2])
     assert not (tmp_path / "run").exists()
+
+
+# --- model folders ----------------------------------------------------------------------------
+
+def _garbage_config(folder):
+    (folder / "config.json").write_text('{"model_type": "qwen2", "hidden_size": ')
+
+
+def _unknown_model_type(folder):
+    _edit_config(folder, model_type="no_such_arch")
+
+
+def _other_architecture(folder):  # llama has no attention biases: qwen2's weights do not fit
+    _edit_config(folder, model_type="llama")
+
+
+def _other_shape(folder):  # the weights of a 128-wide model under a 256-wide config
+    _edit_config(folder, hidden_size=256, intermediate_size=768)
+
+
+def _edit_config(folder, **changes):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+MODEL_DAMAGE = {"garbage config.json": _garbage_config, "unknown model_type": _unknown_model_type,
+                "weights of another architecture": _other_architecture,
+                "weights of another shape": _other_shape}
+
+
+def _train(tmp_path, *sets):
+    items = [*sets, f'output_dir="{tmp_path / "run"}"', "training.max_steps=1"]
+    return cli.main(["train", "--config", SMOKE, *[a for item in items for a in ("--set", item)]])
+
+
+@pytest.mark.parametrize("name", MODEL_DAMAGE)
+def test_training_on_a_damaged_model_folder_is_one_line_naming_model_path(tmp_path, tiny_path, capsys, name):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    MODEL_DAMAGE[name](folder)
+    assert _train(tmp_path, f'model.path="{folder}"') == 2
+    _one_line_error(capsys, "model.path", str(folder))
+    assert not (tmp_path / "run").exists()
+
+
+# --- paths that do not exist, hub ids with no hub ---------------------------------------------
+
+@pytest.mark.parametrize("value", ["models/x", "./x", "no/such/folder", "~/no-such-model-folder"])
+def test_a_missing_local_model_path_is_a_missing_folder_not_a_hub_error(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert _train(tmp_path, f'model.path="{value}"', f'data.dataset="{_data(tmp_path)}"') == 2
+    _one_line_error(capsys, f"model.path: folder {value!r} does not exist")
+
+
+def _data(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    return path
+
+
+def test_a_hub_model_id_with_no_hub_fails_fast_naming_model_path(tmp_path, capsys, monkeypatch):
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tic = time.monotonic()
+    assert _train(tmp_path, 'model.path="nobody/no-such-model"') == 2
+    assert time.monotonic() - tic < 10
+    _one_line_error(capsys, "model.path: cannot load 'nobody/no-such-model' from the hub")
+
+
+@pytest.mark.parametrize("value", ["nobody/no-such-data", "./no-such-data"])
+def test_a_data_set_that_is_not_there_fails_fast_naming_data_dataset(tmp_path, capsys, monkeypatch, value):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tic = time.monotonic()
+    assert _train(tmp_path, f'data.dataset="{value}"') == 2
+    assert time.monotonic() - tic < 10
+    needle = "from the hub" if value.startswith("nobody") else "does not exist"
+    _one_line_error(capsys, f"data.dataset", value, needle)
+
+
+@pytest.mark.parametrize("key", ["model.path", "data.dataset"])
+def test_a_hub_id_in_offline_mode_is_one_line_in_a_fresh_process(tmp_path, key):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # read when the hub client is imported
+    tic = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "mlx_grpo", "train", "--config", SMOKE,
+                           "--set", f'{key}="nobody/no-such-thing"', "--set", f'output_dir="{tmp_path / "run"}"'],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - tic < 30  # the interpreter and its imports take most of it
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"mlx-grpo: error: {key}: cannot load 'nobody/no-such-thing' from the hub" in done.stderr

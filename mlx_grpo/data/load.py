@@ -12,6 +12,7 @@ from pathlib import Path
 import random
 import sys
 
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.data.chat import ROLES, has_chat_template, plain_prompt, prompt_messages, render_text
 from mlx_grpo.errors import UserError
 
@@ -51,7 +52,7 @@ def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "tra
         _no_subset(subset, dataset)
         return _builtin_rows(dataset.removeprefix("builtin:"), split, seed)
     path = Path(dataset).expanduser()
-    if path.suffix.lower() in _LOCAL_FORMATS or path.exists():
+    if path.suffix.lower() in _LOCAL_FORMATS or is_local_path(dataset):
         _no_subset(subset, f"the local file {dataset!r}")
         if split != "train":
             raise DataError(
@@ -59,7 +60,26 @@ def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "tra
                 f"give data.dataset a file per split, e.g. {{train = \"{dataset}\", {split} = \"other.jsonl\"}}"
             )
         return _local_rows(dataset, "data.dataset")
+    _reach_hub(dataset)
     return _load_hf(dataset, subset or None, split, label=dataset, setting=setting)
+
+
+def _reach_hub(name: str) -> None:
+    """Stop at once when the hub cannot be reached: `datasets` retries a lost connection for
+    about 25 s before saying so. With HF_HUB_OFFLINE=1 `datasets` reads its cache, unasked."""
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return
+    try:
+        huggingface_hub.HfApi().dataset_info(name, timeout=10)
+    except HfHubHTTPError:  # the hub answered (no such data set, gated): `datasets` says which
+        return
+    except Exception as e:  # the client's connection errors have many types
+        raise DataError(f"data.dataset: cannot load {name!r} from the hub, which cannot be reached "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); for a copy already "
+                        "in the cache set HF_HUB_OFFLINE=1") from e
 
 
 def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:
@@ -81,6 +101,11 @@ def _load_hf(path, subset, split, data_files=None, label="", setting="data.split
         if "split" in str(e).lower():
             raise DataError(f"{setting}: {label!r} has no split {split!r} ({e})") from e
         raise DataError(f"data.dataset: cannot load {label!r}: {e}") from e
+    except OSError as e:  # the hub unreachable or offline, or no such data set there
+        if data_files is not None:
+            raise
+        raise DataError(f"data.dataset: cannot load {label!r} from the hub "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
     return [dict(row) for row in ds]
 
 

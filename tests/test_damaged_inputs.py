@@ -171,3 +171,18 @@ def test_a_hub_id_in_offline_mode_is_one_line_in_a_fresh_process(tmp_path, key):
     assert time.monotonic() - tic < 30  # the interpreter and its imports take most of it
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"mlx-grpo: error: {key}: cannot load 'nobody/no-such-thing' from the hub" in done.stderr
+
+
+# --- report on a damaged metrics.jsonl --------------------------------------------------------
+
+def test_report_skips_damaged_metrics_lines_with_a_warning_naming_them(tmp_path, capsys):
+    import json
+
+    rows = [json.dumps({"step": s, "reward": 0.1 * s, "step_time": 1.0, "peak_memory_gb": 0.5}) for s in range(1, 7)]
+    rows[2] = '{"step": 3, "rew\xff'  # bad JSON, and not UTF-8 once encoded
+    rows[4] = "[5]"  # JSON, but not a row
+    (tmp_path / "metrics.jsonl").write_bytes("\n".join(rows).encode("latin-1") + b'\n{"step": 7, "re')
+    assert cli.main(["report", str(tmp_path), "--out", str(tmp_path / "r.png")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (tmp_path / "r.png").stat().st_size > 0
+    assert f"mlx-grpo: warning: {tmp_path / 'metrics.jsonl'}: skipped damaged lines 3, 5, 7" in err

@@ -186,3 +186,16 @@ def test_report_skips_damaged_metrics_lines_with_a_warning_naming_them(tmp_path,
     err = capsys.readouterr().err
     assert "Traceback" not in err and (tmp_path / "r.png").stat().st_size > 0
     assert f"mlx-grpo: warning: {tmp_path / 'metrics.jsonl'}: skipped damaged lines 3, 5, 7" in err
+
+
+# --- sizes no Mac can hold --------------------------------------------------------------------
+
+@pytest.mark.parametrize("item", ["generation.num_generations=100000", "generation.max_new_tokens=10000000",
+                                  "data.max_prompt_tokens=10000000", "training.prompts_per_step=1000000",
+                                  "lora.rank=100000", "eval.num_samples=100000"])
+def test_a_size_no_mac_can_hold_is_refused_naming_the_key(item):
+    from mlx_grpo.config import ConfigError, load_config
+
+    key, value = item.split("=")
+    with pytest.raises(ConfigError, match=rf"^--set {item}: {key} must be in \[\d+, \d+\].*, got {value}$"):
+        load_config(SMOKE, [item])  # refused at load: the CLI prints it as one line

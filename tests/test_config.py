@@ -178,7 +178,7 @@ def test_wrong_type_in_file_names_the_file(tmp_path):
     ("generation.num_generations=1", "at least 2 because advantages are relative within a group"),
     ("generation.top_p=0", "generation.top_p must be in (0, 1], got 0.0"),
     ("training.learning_rate=-1e-5", "training.learning_rate must be > 0, got -1e-05"),
-    ("lora.rank=0", "lora.rank must be >= 1, got 0"),
+    ("lora.rank=0", "lora.rank must be in [1, 4096], got 0"),
     ("lora.num_layers=0", "lora.num_layers must be -1 (all layers) or >= 1, got 0"),
     ("lora.dropout=1", "lora.dropout must be in [0, 1), got 1.0"),
     ("training.adam_betas=[0.9]", "training.adam_betas must be two values, each in [0, 1)"),

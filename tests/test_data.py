@@ -115,7 +115,10 @@ def test_subset_names_a_hub_config_and_is_refused_elsewhere(tmp_path, monkeypatc
     silence (before, it was ignored)."""
     import datasets
 
+    from mlx_grpo.data import load
+
     calls = []
+    monkeypatch.setattr(load, "_reach_hub", lambda name: None)  # no hub here
     monkeypatch.setattr(datasets, "load_dataset",
                         lambda path, name=None, split=None, data_files=None: calls.append((path, name, split)) or ROWS)
     assert load_rows("org/maths", subset="main", split="test") == ROWS

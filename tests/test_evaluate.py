@@ -243,7 +243,7 @@ def test_eval_batch_size_and_max_new_tokens_shape_the_decoding(tiny, monkeypatch
 def test_eval_config_keys_are_checked():
     from mlx_grpo.config import ConfigError
 
-    with pytest.raises(ConfigError, match=r"eval.num_samples must be >= 1, got 0"):
+    with pytest.raises(ConfigError, match=r"eval.num_samples must be in \[1, 1024\], got 0"):
         load_config(SMOKE, ["eval.num_samples=0"])
     with pytest.raises(ConfigError, match=r"unknown key 'eval.evrey' \(did you mean 'eval.every'\?\)"):
         load_config(SMOKE, ["eval.evrey=5"])

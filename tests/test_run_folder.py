@@ -261,3 +261,27 @@ def test_a_profile_with_a_byte_order_mark_loads(tmp_path):
     profile = tmp_path / "bom.toml"
     profile.write_bytes(b"\xef\xbb\xbf" + b"seed = 7\n")
     assert load_config(profile).seed == 7
+
+
+# --- a stop asked for in the last step ----------------------------------------------------------
+
+def test_sigint_in_the_last_step_finishes_the_run_with_exit_0_and_no_resume_hint(tmp_path, capsys, monkeypatch):
+    import mlx_grpo.rollout.score as score
+    from mlx_grpo.run.log import read_metrics
+
+    real, calls = score.generate_completions, []
+
+    def generate(*args, **kwargs):  # SIGINT while the second (last) step generates
+        calls.append(1)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGINT)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(score, "generate_completions", generate)
+    out = tmp_path / "run"
+    assert cli.main(["--config", SMOKE, *_sets(out, 2)]) == 0
+    err = capsys.readouterr().err
+    assert "resume with" not in err and "stopped by" not in err, err
+    assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    assert (out / "checkpoints" / "step_000002" / "checkpoint_manifest.json").is_file()

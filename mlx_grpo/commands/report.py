@@ -11,6 +11,7 @@ import html
 import io
 import math
 import os
+import sys
 from pathlib import Path
 
 from mlx_grpo.errors import UserError
@@ -64,10 +65,21 @@ def load_run(run_dir) -> dict:
     run_dir = Path(run_dir)
     if not (run_dir / METRICS).is_file():
         raise ReportError(f"{run_dir}: no {METRICS} here (expected a run's output_dir)")
-    rows = read_jsonl(run_dir / METRICS)
+    rows = _readable_rows(run_dir / METRICS)
     if not rows:
         raise ReportError(f"{run_dir / METRICS}: no steps logged yet")
-    return {"dir": run_dir, "rows": rows, "samples": read_jsonl(run_dir / COMPLETIONS)}
+    return {"dir": run_dir, "rows": rows, "samples": _readable_rows(run_dir / COMPLETIONS)}
+
+
+def _readable_rows(path: Path) -> list[dict]:
+    """A log's rows; damaged lines (a run killed mid-write, a disk error) are skipped with a
+    warning naming them, so the rest of the run is still plotted."""
+    damaged = []
+    rows = read_jsonl(path, damaged)
+    if damaged:
+        print(f"mlx-grpo: warning: {path}: skipped damaged line{'s' * (len(damaged) > 1)} "
+              f"{', '.join(map(str, damaged))}", file=sys.stderr)
+    return rows
 
 
 def run_labels(dirs) -> list[str]:

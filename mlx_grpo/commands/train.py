@@ -98,7 +98,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
         requested = world.max(float(stop.requested)) > 0  # all ranks stop after the same step
         if world.is_main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
             ckpt = save(tr, cfg, step, stream, bad_steps)
-        if requested:
+        if requested and step < t.max_steps:  # a stop asked for in the last step: the run is complete
             if log:
                 log.finish(ckpt, t.max_steps, stopped=True)
             stop.restore()

@@ -16,6 +16,17 @@ def _above(lo: float) -> Rule:
     return (lambda v: v > lo), f"> {lo}"
 
 
+def _within(lo: int, hi: int, why: str = "") -> Rule:
+    return (lambda v: lo <= v <= hi), f"in [{lo}, {hi}]" + (f" ({why})" if why else "")
+
+
+# Sizes past these hold more than any Mac's memory (a 128K-token context is the largest a
+# supported model has; 1024 completions of a prompt or 4096 prompts a step are far past the
+# largest runs in the literature), so a typo (an extra zero or two) is caught at load, not
+# as an allocation failure minutes into the run.
+MAX_TOKENS, MAX_SEQUENCES = 131072, 4096
+
+
 def _one_of(*allowed: object) -> Rule:
     return (lambda v: v in allowed), "one of " + ", ".join(map(repr, allowed))
 
@@ -42,23 +53,23 @@ RULES: dict[str, Rule] = {
     "model.dtype": _one_of("auto", "float32", "float16", "bfloat16"),
     "model.quantize_bits": _one_of(0, 4, 8),
     "model.quantize_group_size": _one_of(32, 64, 128),
-    "lora.rank": _at_least(1),
+    "lora.rank": _within(1, MAX_SEQUENCES),
     "lora.alpha": _above(0),
     "lora.dropout": _UNIT,
     "lora.target_modules": (bool, "a non-empty array of module names"),
     "lora.num_layers": ((lambda v: v == -1 or v >= 1), "-1 (all layers) or >= 1"),
     "lora.method": _one_of("lora", "dora"),
-    "data.max_prompt_tokens": _at_least(1),
+    "data.max_prompt_tokens": _within(1, MAX_TOKENS),
     "generation.num_generations": (
-        (lambda v: v >= 2),
-        ">= 2 (G must be at least 2 because advantages are relative within a group)",
+        (lambda v: 2 <= v <= 1024),
+        "in [2, 1024] (G must be at least 2 because advantages are relative within a group)",
     ),
-    "generation.max_new_tokens": _at_least(1),
+    "generation.max_new_tokens": _within(1, MAX_TOKENS),
     "generation.temperature": _above(0),
     "generation.top_p": ((lambda v: 0 < v <= 1), "in (0, 1]"),
     "generation.top_k": _at_least(0),
     "generation.min_p": _UNIT,
-    "generation.batch_size": _at_least(0),
+    "generation.batch_size": _within(0, MAX_SEQUENCES),
     "grpo.beta": _at_least(0),
     "grpo.epsilon": _above(0),
     "grpo.epsilon_high": _above(0),
@@ -73,9 +84,9 @@ RULES: dict[str, Rule] = {
     "rewards": (bool, "a non-empty array (at least one reward)"),
     "rewards.name": (bool, "a non-empty reward name"),
     "training.max_steps": _at_least(1),
-    "training.prompts_per_step": _at_least(1),
+    "training.prompts_per_step": _within(1, MAX_SEQUENCES),
     "training.gradient_accumulation_steps": _at_least(1),
-    "training.micro_batch_size": _at_least(0),
+    "training.micro_batch_size": _within(0, MAX_SEQUENCES),
     "training.learning_rate": _above(0),
     "training.lr_schedule": _one_of("linear", "cosine", "constant"),
     "training.warmup_steps": (
@@ -100,8 +111,8 @@ RULES: dict[str, Rule] = {
     "eval.every": _at_least(0),
     "eval.split": (bool, "a non-empty split name"),
     "eval.limit": _at_least(0),
-    "eval.num_samples": _at_least(1),
+    "eval.num_samples": _within(1, 1024),
     "eval.temperature": _above(0),
-    "eval.max_new_tokens": _at_least(0),
-    "eval.batch_size": _at_least(1),
+    "eval.max_new_tokens": _within(0, MAX_TOKENS),
+    "eval.batch_size": _within(1, MAX_SEQUENCES),
 }

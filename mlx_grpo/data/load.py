@@ -13,6 +13,7 @@ from pathlib import Path
 import random
 import sys
 
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.data.chat import ROLES, has_chat_template, plain_prompt, prompt_messages, render_text
 from mlx_grpo.errors import UserError
 
@@ -52,7 +53,7 @@ def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "tra
         _no_subset(subset, dataset)
         return _builtin_rows(dataset.removeprefix("builtin:"), split, seed)
     path = Path(dataset).expanduser()
-    if path.suffix.lower() in _LOCAL_FORMATS or path.exists():
+    if path.suffix.lower() in _LOCAL_FORMATS or is_local_path(dataset):
         _no_subset(subset, f"the local file {dataset!r}")
         if split != "train":
             raise DataError(
@@ -60,7 +61,26 @@ def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "tra
                 f"give data.dataset a file per split, e.g. {{train = \"{dataset}\", {split} = \"other.jsonl\"}}"
             )
         return _local_rows(dataset, "data.dataset")
+    _reach_hub(dataset)
     return _load_hf(dataset, subset or None, split, label=dataset, setting=setting)
+
+
+def _reach_hub(name: str) -> None:
+    """Stop at once when the hub cannot be reached: `datasets` retries a lost connection for
+    about 25 s before saying so. With HF_HUB_OFFLINE=1 `datasets` reads its cache, unasked."""
+    import huggingface_hub
+    from huggingface_hub.errors import HfHubHTTPError
+
+    if huggingface_hub.constants.HF_HUB_OFFLINE:
+        return
+    try:
+        huggingface_hub.HfApi().dataset_info(name, timeout=10)
+    except HfHubHTTPError:  # the hub answered (no such data set, gated): `datasets` says which
+        return
+    except Exception as e:  # the client's connection errors have many types
+        raise DataError(f"data.dataset: cannot load {name!r} from the hub, which cannot be reached "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); for a copy already "
+                        "in the cache set HF_HUB_OFFLINE=1") from e
 
 
 def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:
@@ -83,6 +103,11 @@ def _load_hf(path, subset, split, data_files=None, label="", setting="data.split
         if "split" in str(e).lower():
             raise DataError(f"{setting}: {label!r} has no split {split!r} ({e})") from e
         raise DataError(f"data.dataset: cannot load {label!r}: {e}") from e
+    except OSError as e:  # the hub unreachable or offline, or no such data set there
+        if data_files is not None:
+            raise
+        raise DataError(f"data.dataset: cannot load {label!r} from the hub "
+                        f"({type(e).__name__}: {' '.join(str(e).split())[:300]})") from e
     return [dict(row) for row in ds]
 
 
@@ -114,11 +139,39 @@ def _local_rows(dataset: str, setting: str) -> list[dict]:
     """All rows of a local .jsonl/.json/.parquet/.csv file."""
     path = Path(dataset).expanduser()
     suffix = path.suffix.lower()
+    if path.is_dir():
+        raise DataError(f"{setting}: {dataset!r} is a folder, not a data file")
     if not path.is_file():
         raise DataError(f"{setting}: file {dataset!r} does not exist")
     if suffix not in _LOCAL_FORMATS:
         raise DataError(f"{setting}: {dataset!r} has an unknown extension; expected one of " + ", ".join(_LOCAL_FORMATS))
-    return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
+    if suffix != ".parquet":
+        _check_text(path, suffix, f"{setting}: {dataset!r}")
+    try:
+        return _load_hf(_LOCAL_FORMATS[suffix], None, "train", data_files=str(path), label=dataset)
+    except DataError:
+        raise
+    except Exception as e:  # the library's own errors (pyarrow, pandas, its DatasetGenerationError)
+        cause = e.__cause__ or e
+        raise DataError(f"{setting}: {dataset!r} cannot be read as {suffix[1:]}: "
+                        f"{type(cause).__name__}: {' '.join(str(cause).split())[:200]}") from e
+
+
+def _check_text(path: Path, suffix: str, label: str) -> None:
+    """A text data file must be UTF-8 and hold rows: the library's errors name neither the line
+    nor the file (an empty .jsonl is a bare StopIteration)."""
+    all_lines = path.read_bytes().splitlines()
+    for number, line in enumerate(all_lines, 1):
+        try:
+            line.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise DataError(f"{label} line {number} is not UTF-8 text (byte {line[e.start]:#04x} "
+                            f"at column {e.start + 1}); save the file as UTF-8") from None
+    lines = [line for line in all_lines if line.strip()]
+    if not lines:
+        raise DataError(f"{label} is empty (no rows)")
+    if suffix == ".csv" and len(lines) == 1:
+        raise DataError(f"{label} has a header line and no rows")
 
 
 def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:

@@ -20,6 +20,7 @@ from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.models.builtin import builtin_model_path, cache_dir
 from mlx_grpo.errors import ModelError
 
@@ -75,7 +76,9 @@ def check_model_folder(path: str) -> None:
     """
     folder = Path(path).expanduser()
     if not folder.is_dir():
-        if path.startswith((".", "/", "~")):
+        if folder.exists():
+            raise ModelError(f"model.path: {path!r} is a file, not a model folder")
+        if is_local_path(path):
             raise ModelError(f"model.path: folder {path!r} does not exist")
         return
     if not (folder / "config.json").is_file():
@@ -102,11 +105,16 @@ def load_base(model_cfg, path: str | None = None):
         return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
     check_model_folder(path)
-    if model_cfg.quantize_bits:
-        path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,
-                              resolve_dtype(model_cfg.dtype), model_cfg.trust_remote_code)
-    model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
-                                   trust_remote_code=remote)
+    try:
+        if model_cfg.quantize_bits:
+            path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,
+                                  resolve_dtype(model_cfg.dtype), model_cfg.trust_remote_code)
+        model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
+                                       trust_remote_code=remote)
+    except Exception as e:  # mlx-lm's and the hub client's errors have many types; name the model
+        where = "" if Path(path).exists() else " from the hub"
+        raise ModelError(f"model.path: cannot load {model_cfg.path!r}{where} ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]})") from e
     # Quantized weights keep their packing; only float tensors are cast.
     model.set_dtype(DTYPES[resolve_dtype(model_cfg.dtype)])
     local = Path(path) if Path(path).exists() else mlx_lm.utils.hf_repo_to_path(path)

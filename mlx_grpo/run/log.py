@@ -45,12 +45,30 @@ class CompletionLog:
                 f.write(json.dumps(row) + "\n")
 
 
-def read_jsonl(path) -> list[dict]:
-    """The rows of a JSON-lines file; a missing file has none."""
+def read_jsonl(path, damaged: list[int] | None = None) -> list[dict]:
+    """The rows of a JSON-lines file; a missing file has none.
+
+    With a `damaged` list, a line that is not a JSON object (cut short by a kill, bad bytes) is
+    skipped and its number appended there, for the caller to warn about; without one it raises.
+    """
     path = Path(path)
     if not path.exists():
         return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    rows = []
+    for number, line in enumerate(path.read_bytes().split(b"\n"), start=1):
+        if not line.strip():
+            continue
+        try:
+            row = json.loads(line)
+            if not isinstance(row, dict):
+                raise ValueError(f"line {number} is not a JSON object")
+        except ValueError:  # bad JSON or bytes (UnicodeDecodeError is a ValueError too)
+            if damaged is None:
+                raise
+            damaged.append(number)
+            continue
+        rows.append(row)
+    return rows
 
 
 def truncate_jsonl(path, last_step: int) -> list[int]:

@@ -4,7 +4,8 @@ The loop finishes the step it is in, writes a checkpoint and raises `RunStopped`
 CLI turns into a message saying where the checkpoint is and how to resume, and the exit
 status 128 + signal number (130 for Ctrl-C, 143 for SIGTERM). After the first signal,
 SIGINT goes back to the operating system's default action, so a second Ctrl-C ends the
-process at once, even inside a long MLX call.
+process at once, even inside a long MLX call. A stop asked for in the last step changes
+nothing: that step's checkpoint is the final one, and the run ends as complete, with exit 0.
 """
 
 import signal

@@ -1,0 +1,201 @@
+"""Damaged inputs a run is started on (issue 19): data files, model folders, paths that do not
+exist and hub ids with no hub. Each is one line naming the setting, never a traceback; each case
+is a unit call or a train/eval that stops before its first step."""
+
+from pathlib import Path
+
+import pytest
+
+from mlx_grpo import cli
+
+SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke_test.toml")
+
+
+def _one_line_error(capsys, *needles):
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.startswith("mlx-grpo: error:")]
+    assert len(lines) == 1 and "Traceback" not in err, err
+    for needle in needles:
+        assert needle in lines[0], lines[0]
+    return lines[0]
+
+
+# --- data files -------------------------------------------------------------------------------
+
+DATA = {  # name: (file name, its bytes or None for a folder, what the line says)
+    "empty jsonl": ("d.jsonl", b"", "is empty"),
+    "empty csv": ("d.csv", b"", "is empty"),
+    "blank lines only": ("d.jsonl", b"\n  \n\n", "is empty"),
+    "header-only csv": ("d.csv", b"prompt,answer\n", "header line and no rows"),
+    "latin-1 jsonl": ("d.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "caf\xe9", "answer": "2"}\n',
+                      "line 2 is not UTF-8"),
+    "latin-1 csv": ("d.csv", b"prompt,answer\na,1\nb,2\ncaf\xe9,3\n", "line 4 is not UTF-8"),
+    "broken json line": ("d.jsonl", b'{"prompt": "a", "answer": "1"}\n{"prompt": "b", "ans\n', "cannot be read"),
+    "a folder": ("d.jsonl", None, "is a folder"),
+}
+
+
+def _write(tmp_path, name):
+    file_name, data, _ = DATA[name]
+    path = tmp_path / file_name
+    if data is None:
+        path.mkdir()
+    else:
+        path.write_bytes(data)
+    return path
+
+
+@pytest.mark.parametrize("name", DATA)
+def test_a_damaged_data_file_is_one_line_naming_it(tmp_path, capsys, name):
+    from mlx_grpo.data.load import DataError, load_rows
+
+    path = _write(tmp_path, name)
+    with pytest.raises(DataError) as e:
+        load_rows(str(path))
+    assert str(e.value).startswith(f"data.dataset: {str(path)!r}") and DATA[name][2] in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("command", ["train", "eval"])
+@pytest.mark.parametrize("name", ["empty jsonl", "latin-1 csv", "a folder"])
+def test_train_and_eval_on_a_damaged_data_file_are_one_line(tmp_path, capsys, command, name):
+    path = _write(tmp_path, name)
+    sets = ["--set", f'data.dataset="{path}"', "--set", f'output_dir="{tmp_path / "run"}"']
+    argv = [command, "--config", SMOKE, *sets]
+    if command == "eval":
+        argv += ["--split", "train", "--limit", "1", "--max-tokens", "2"]
+    assert cli.main(argv) == 2
+    _one_line_error(capsys, "data.dataset", str(path), DATA[name][2])
+    assert not (tmp_path / "run").exists()
+
+
+# --- model folders ----------------------------------------------------------------------------
+
+def _garbage_config(folder):
+    (folder / "config.json").write_text('{"model_type": "qwen2", "hidden_size": ')
+
+
+def _unknown_model_type(folder):
+    _edit_config(folder, model_type="no_such_arch")
+
+
+def _other_architecture(folder):  # llama has no attention biases: qwen2's weights do not fit
+    _edit_config(folder, model_type="llama")
+
+
+def _other_shape(folder):  # the weights of a 128-wide model under a 256-wide config
+    _edit_config(folder, hidden_size=256, intermediate_size=768)
+
+
+def _edit_config(folder, **changes):
+    import json
+
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, **changes}))
+
+
+MODEL_DAMAGE = {"garbage config.json": _garbage_config, "unknown model_type": _unknown_model_type,
+                "weights of another architecture": _other_architecture,
+                "weights of another shape": _other_shape}
+
+
+def _train(tmp_path, *sets):
+    items = [*sets, f'output_dir="{tmp_path / "run"}"', "training.max_steps=1"]
+    return cli.main(["train", "--config", SMOKE, *[a for item in items for a in ("--set", item)]])
+
+
+@pytest.mark.parametrize("name", MODEL_DAMAGE)
+def test_training_on_a_damaged_model_folder_is_one_line_naming_model_path(tmp_path, tiny_path, capsys, name):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    MODEL_DAMAGE[name](folder)
+    assert _train(tmp_path, f'model.path="{folder}"') == 2
+    _one_line_error(capsys, "model.path", str(folder))
+    assert not (tmp_path / "run").exists()
+
+
+# --- paths that do not exist, hub ids with no hub ---------------------------------------------
+
+@pytest.mark.parametrize("value", ["models/x", "./x", "no/such/folder", "~/no-such-model-folder"])
+def test_a_missing_local_model_path_is_a_missing_folder_not_a_hub_error(tmp_path, capsys, monkeypatch, value):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    assert _train(tmp_path, f'model.path="{value}"', f'data.dataset="{_data(tmp_path)}"') == 2
+    _one_line_error(capsys, f"model.path: folder {value!r} does not exist")
+
+
+def _data(tmp_path):
+    path = tmp_path / "d.jsonl"
+    path.write_text('{"prompt": "1+1", "answer": "2"}\n')
+    return path
+
+
+def test_a_hub_model_id_with_no_hub_fails_fast_naming_model_path(tmp_path, capsys, monkeypatch):
+    import time
+
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tic = time.monotonic()
+    assert _train(tmp_path, 'model.path="nobody/no-such-model"') == 2
+    assert time.monotonic() - tic < 10
+    _one_line_error(capsys, "model.path: cannot load 'nobody/no-such-model' from the hub")
+
+
+@pytest.mark.parametrize("value", ["nobody/no-such-data", "./no-such-data"])
+def test_a_data_set_that_is_not_there_fails_fast_naming_data_dataset(tmp_path, capsys, monkeypatch, value):
+    import time
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    tic = time.monotonic()
+    assert _train(tmp_path, f'data.dataset="{value}"') == 2
+    assert time.monotonic() - tic < 10
+    needle = "from the hub" if value.startswith("nobody") else "does not exist"
+    _one_line_error(capsys, f"data.dataset", value, needle)
+
+
+@pytest.mark.parametrize("key", ["model.path", "data.dataset"])
+def test_a_hub_id_in_offline_mode_is_one_line_in_a_fresh_process(tmp_path, key):
+    import os
+    import subprocess
+    import sys
+    import time
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}  # read when the hub client is imported
+    tic = time.monotonic()
+    done = subprocess.run([sys.executable, "-m", "mlx_grpo", "train", "--config", SMOKE,
+                           "--set", f'{key}="nobody/no-such-thing"', "--set", f'output_dir="{tmp_path / "run"}"'],
+                          env=env, capture_output=True, text=True, timeout=60)
+    assert time.monotonic() - tic < 30  # the interpreter and its imports take most of it
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    assert f"mlx-grpo: error: {key}: cannot load 'nobody/no-such-thing' from the hub" in done.stderr
+
+
+# --- report on a damaged metrics.jsonl --------------------------------------------------------
+
+def test_report_skips_damaged_metrics_lines_with_a_warning_naming_them(tmp_path, capsys):
+    import json
+
+    rows = [json.dumps({"step": s, "reward": 0.1 * s, "step_time": 1.0, "peak_memory_gb": 0.5}) for s in range(1, 7)]
+    rows[2] = '{"step": 3, "rew\xff'  # bad JSON, and not UTF-8 once encoded
+    rows[4] = "[5]"  # JSON, but not a row
+    (tmp_path / "metrics.jsonl").write_bytes("\n".join(rows).encode("latin-1") + b'\n{"step": 7, "re')
+    assert cli.main(["report", str(tmp_path), "--out", str(tmp_path / "r.png")]) == 0
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and (tmp_path / "r.png").stat().st_size > 0
+    assert f"mlx-grpo: warning: {tmp_path / 'metrics.jsonl'}: skipped damaged lines 3, 5, 7" in err
+
+
+# --- sizes no Mac can hold --------------------------------------------------------------------
+
+@pytest.mark.parametrize("item", ["generation.num_generations=100000", "generation.max_new_tokens=10000000",
+                                  "data.max_prompt_tokens=10000000", "training.prompts_per_step=1000000",
+                                  "lora.rank=100000", "eval.num_samples=100000"])
+def test_a_size_no_mac_can_hold_is_refused_naming_the_key(item):
+    from mlx_grpo.config import ConfigError, load_config
+
+    key, value = item.split("=")
+    with pytest.raises(ConfigError, match=rf"^--set {item}: {key} must be in \[\d+, \d+\].*, got {value}$"):
+        load_config(SMOKE, [item])  # refused at load: the CLI prints it as one line

@@ -5,9 +5,10 @@
 Prints, for builtin:NAME (float32, this backend):
 - weights and weights + AdamW state, bytes per parameter;
 - the update's forward+backward above the weights (activations and gradients, the real GRPO
-  loss of update/step.py) on a grid of micro-batches, fitted per token per layer as
-  A * hidden + B * heads * L + C (L = padded sequence length) over both models: A, B, C
-  without and with grad checkpointing;
+  loss of update/step.py) on a grid of micro-batches, fitted over both models (grid points
+  where the micro-batch decides the peak) as A * hidden + B * heads * L bytes per token per layer
+  (L = padded sequence length), and with grad checkpointing as S * layers * hidden + K plain
+  layers per token, plus G * gradient bytes; and the optimizer's own peak (short micro-batches);
 - the rollout above the weights (mlx-lm's BatchGenerator, one prefill per prompt), as a
   multiple of the KV cache's own bytes at mlx-lm's 256-token allocation step.
 """
@@ -49,26 +50,42 @@ def update_peaks(model, cfg) -> dict:
         mx.reset_peak_memory()
         optimize(model, optimizer, None, rollout, rewards, settings)
         peaks[rows, length] = mx.get_peak_memory() - base
+        if len(peaks) == 1:
+            print(f"  weights + AdamW state {mx.get_active_memory() / sum(v.size for _, v in tree_flatten(model.parameters())):.2f} B/param")
     return peaks
 
 
 def points(peaks: dict, layers: int, hidden: int, heads: int, grads: int) -> list[tuple]:
-    """([hidden, heads * L, 1], (peak - 3 gradients) / (rows * L * layers)) per grid point:
-    the gradients are held three times at the update's peak (a micro-batch's, scaled, clipped)."""
+    """(rows, L, layers, hidden, heads, gradient bytes, peak bytes) per grid point above the
+    optimizer's own peak (where the micro-batch no longer decides the peak)."""
+    out = []
     for (rows, length), p in peaks.items():
         print(f"    {rows} x {length}: {p / 1e6:.1f} MB")
-    return [([hidden, heads * length, 1.0], (p - 3 * grads) / (rows * length * layers))
-            for (rows, length), p in peaks.items()]
+        if p > 1.05 * min(peaks.values()) or grads < 1e7:
+            out.append((rows, length, layers, hidden, heads, grads, p))
+    return out
 
 
-def fit(pts: list[tuple]) -> list[float]:
-    """A, B, C of bytes per token per layer = A * hidden + B * heads * L + C, least squares over
-    relative errors (so that tiny and small weigh alike)."""
-    xs = np.array([x for x, y in pts]) / np.array([[y] for x, y in pts])
-    coef, *_ = np.linalg.lstsq(xs, np.ones(len(pts)), rcond=None)
-    worst = max(abs(float(np.dot(coef, x)) / y - 1) for x, y in pts)
-    print(f"  A = {coef[0]:.2f}, B = {coef[1]:.3f}, C = {coef[2]:.0f}; worst grid point off by {worst:.0%}")
+def fit(pts: list[tuple], features) -> list[float]:
+    """Least squares of peak = coef . features(point), on relative errors (tiny and small weigh alike)."""
+    xs = np.array([features(*p[:6]) for p in pts], dtype=float)
+    ys = np.array([p[6] for p in pts], dtype=float)
+    coef, *_ = np.linalg.lstsq(xs / ys[:, None], np.ones(len(ys)), rcond=None)
+    worst = max(abs(float(np.dot(coef, x)) / y - 1) for x, y in zip(xs, ys))
+    print(f"  {', '.join(f'{c:.3f}' for c in coef)}; worst of {len(ys)} points off by {worst:.1%}")
     return [float(c) for c in coef]
+
+
+def plain_features(rows, length, layers, hidden, heads, grads):
+    """A * hidden + B * heads * L bytes per token per layer (the gradients inside)."""
+    return [rows * length * layers * hidden, rows * length * layers * heads * length]
+
+
+def checkpoint_features(a, b):
+    """S * layers * hidden per token + K plain layers per token + G * gradient bytes."""
+    def features(rows, length, layers, hidden, heads, grads):
+        return [rows * length * layers * hidden, rows * length * (a * hidden + b * heads * length), grads]
+    return features
 
 
 def rollout_factor(model, tokenizer, args) -> float:
@@ -91,32 +108,50 @@ def rollout_factor(model, tokenizer, args) -> float:
     return float(np.mean(ratios))
 
 
-def measure(name: str) -> tuple[list, list]:
-    cfg = load_config(None, [f'model.path="builtin:{name}"'])
-    model, tokenizer, *_ = build_policy(cfg)
-    mx.eval(model.parameters())
-    params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    args = model.args
-    shape = args.num_hidden_layers, args.hidden_size, args.num_attention_heads, 4 * params
-    print(f"{name}: {params:,} parameters, {shape[0]} layers x {shape[1]} hidden, {shape[2]} heads; "
-          f"weights {mx.get_active_memory() / params:.2f} B/param")
-    print(f"  rollout factor (mean): {rollout_factor(model, tokenizer, args):.2f}")
-    plain = points(update_peaks(model, cfg), *shape)
-    print(f"  weights + AdamW state {mx.get_active_memory() / params:.2f} B/param")
-    checkpoint_layers(model)
-    return plain, points(update_peaks(model, cfg), *shape)
+def measure(name: str) -> dict[str, list]:
+    """Grid points of the update: full fine-tune and LoRA (rank 8, all layers), plain and
+    grad-checkpointed."""
+    out = {}
+    for lora in (False, True):
+        cfg = load_config(None, [f'model.path="builtin:{name}"', f"lora.enabled={str(lora).lower()}"])
+        model, tokenizer, *_ = build_policy(cfg)
+        mx.eval(model.parameters())
+        params = sum(v.size for _, v in tree_flatten(model.parameters()))
+        trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+        args = model.args
+        shape = args.num_hidden_layers, args.hidden_size, args.num_attention_heads, 4 * trainable
+        kind = "lora" if lora else "full"
+        print(f"{name}, {kind}: {params:,} parameters ({trainable:,} trainable), {shape[0]} layers x "
+              f"{shape[1]} hidden, {shape[2]} heads; weights {mx.get_active_memory() / params:.2f} B/param")
+        if not lora:
+            print(f"  rollout factor (mean): {rollout_factor(model, tokenizer, args):.2f}")
+        out[kind] = points(update_peaks(model, cfg), *shape)
+        checkpoint_layers(model)
+        out[kind + " checkpointed"] = points(update_peaks(model, cfg), *shape)
+        del model
+    return out
+
+
+def ratio(pts: list[tuple], features, coef: list[float]) -> float:
+    """Mean of measured / predicted-as-full-fine-tune over LoRA's points."""
+    r = [p[6] / float(np.dot(coef, features(*p[:6]))) for p in pts]
+    print(f"  {np.mean(r):.3f} (points {min(r):.3f} to {max(r):.3f})")
+    return float(np.mean(r))
 
 
 def main(names: list[str]):
-    plain, ckpt = [], []
+    pts = {}
     for name in names:
-        p, c = measure(name)
-        plain += p
-        ckpt += c
-    print("update, plain (bytes per token per layer):")
-    fit(plain)
-    print("update, grad_checkpoint:")
-    fit(ckpt)
+        for kind, p in measure(name).items():
+            pts.setdefault(kind, []).extend(p)
+    print("update, plain: A, B =")
+    a, b = fit(pts["full"], plain_features)
+    print("update, grad_checkpoint: S, K, G =")
+    ckpt = fit(pts["full checkpointed"], checkpoint_features(a, b))
+    print("LoRA's update / the full fine-tune's formula, plain:")
+    ratio(pts["lora"], plain_features, [a, b])
+    print("LoRA's update / the full fine-tune's formula, grad_checkpoint:")
+    ratio(pts["lora checkpointed"], checkpoint_features(a, b), ckpt)
 
 
 if __name__ == "__main__":

@@ -18,24 +18,29 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32
                "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
 FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
-# Update (forward + backward + gradient accumulation of one micro-batch, real GRPO loss), bytes
-# per token per layer = ACT_HIDDEN * hidden + ACT_ATTENTION * heads * L (L: padded sequence
-# length). Least squares over relative error on the 9 grid points where activations dominate
-# (tiny 4-8 rows x 64-256 tokens, small 8 x 128, 4-8 x 256); worst point 9.5% off. The
-# gradients this pass holds are inside the fit.
-ACT_HIDDEN = 114.0
-ACT_ATTENTION = 7.14
-# grad_checkpoint: bytes per token = CKPT_STORED * layers * hidden (each block's kept input and
-# what goes with it) + CKPT_LAYERS * one plain layer's bytes (the block being recomputed), fitted
-# on the same grid with checkpointing on (7 points); worst 6.2% off.
-CKPT_STORED = 14.98
-CKPT_LAYERS = 2.23
+# Update (forward + backward + gradient accumulation of one micro-batch, real GRPO loss, through
+# update/step.py's `optimize`), bytes per token per layer = ACT_HIDDEN * hidden +
+# ACT_ATTENTION * heads * L (L: padded sequence length). Least squares over relative error on the
+# 10 grid points where the micro-batch decides the peak (tiny 4-8 rows x 64-256 tokens, small
+# 4-8 x 128-256); worst point 8.8% off. The gradients this pass holds are inside the fit.
+ACT_HIDDEN = 111.2
+ACT_ATTENTION = 7.591
+# grad_checkpoint: bytes per token = CKPT_STORED * layers * hidden (each block's kept input) +
+# CKPT_LAYERS plain layers (the block being recomputed and its gradient) + CKPT_GRADS * the
+# trainable parameters' bytes; same grid with checkpointing on (8 points), worst 3.5% off.
+CKPT_STORED = 5.932
+CKPT_LAYERS = 2.329
+CKPT_GRADS = 0.561
+# LoRA (rank 8, all layers) on the same grid, measured / the formulas above with its trainable
+# parameters: 0.939 plain (points 0.86-1.03), 0.948 checkpointed (0.79-1.07).
+LORA_PLAIN = 0.939
+LORA_CHECKPOINTED = 0.948
 # The optimizer part of an update (accumulated, clipped gradients and AdamW's temporaries), in
 # trainable-parameter bytes above weights + AdamW state: 239 MB / 101.4 MB on builtin:small,
 # where short micro-batches stop growing the peak below it.
 OPTIMIZER_STEP = 2.36
 # Rollout peak above the weights / the KV cache at mlx-lm's 256-token allocation step: 2.08 on
-# builtin:small (1.76-2.31 over 3 shapes; builtin:tiny 1.24-1.57): the batch cache is built by
+# builtin:small (1.38-2.31 over 3 shapes and two runs; builtin:tiny 1.24-1.57): the batch cache is built by
 # copying the per-prompt caches, and the decode step's logits come on top.
 ROLLOUT_FACTOR = 2.08
 KV_STEP = 256
@@ -207,9 +212,12 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     rows = min(run.micro_batch or run.part_rows, run.part_rows)
     L, T = _pad(run.max_prompt + run.max_new, PAD_TO), _pad(run.max_new, PAD_TO)
     layer = ACT_HIDDEN * shape.hidden + ACT_ATTENTION * shape.heads * L  # bytes per token, one layer
-    per_token = (CKPT_STORED * shape.layers * shape.hidden + CKPT_LAYERS * layer if run.grad_checkpoint
-                 else layer * shape.layers)
-    activations = max(rows * L * per_token, OPTIMIZER_STEP * trainable * b)
+    if run.grad_checkpoint:
+        micro = rows * L * (CKPT_STORED * shape.layers * shape.hidden + CKPT_LAYERS * layer) + CKPT_GRADS * trainable * b
+        micro *= LORA_CHECKPOINTED if run.lora else 1.0
+    else:
+        micro = rows * L * layer * shape.layers * (LORA_PLAIN if run.lora else 1.0)
+    activations = max(micro, OPTIMIZER_STEP * trainable * b)
     logits = rows * T * shape.vocab * 4 * LOGIT_COPIES
     phases = {
         "weights": weights, "adapters": adapters, "optimizer state": optimizer, "reference": reference,

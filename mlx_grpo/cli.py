@@ -18,6 +18,8 @@ COMMANDS = {  # name: (module, one-line help)
     "chat": ("mlx_grpo.commands.chat", "chat with a model: /reset, /system TEXT, /quit; Ctrl-C stops an answer"),
     "eval": ("mlx_grpo.commands.evaluate",
              "score a model on a held-out split with the profile's rewards and task metric"),
+    "plan": ("mlx_grpo.commands.plan",
+             "predict the peak memory of each phase of a profile (no weights loaded); exit 1 if it does not fit"),
     "bench": ("mlx_grpo.commands.bench",
               "seconds per step against MLX's own limit on the same work (see scripts/bench.py)"),
 }

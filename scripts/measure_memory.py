@@ -1,59 +1,158 @@
-"""Bytes per parameter and per token of a full fine-tune, from MLX's memory counters.
+"""The per-unit memory constants of mlx_grpo/models/memory.py, from MLX's memory counters.
 
-    uv run python scripts/measure_memory.py small     # or tiny
+    uv run python scripts/measure_memory.py           # tiny and small, fitted together
 
-The README's memory table is computed from what this prints (float32, this backend).
+Prints, for builtin:NAME (float32, this backend):
+- weights and weights + AdamW state, bytes per parameter;
+- the update's forward+backward above the weights (activations and gradients, the real GRPO
+  loss of update/step.py) on a grid of micro-batches, fitted over both models (grid points
+  where the micro-batch decides the peak) as A * hidden + B * heads * L bytes per token per layer
+  (L = padded sequence length), and with grad checkpointing as S * layers * hidden + K plain
+  layers per token, plus G * gradient bytes; and the optimizer's own peak (short micro-batches);
+- the rollout above the weights (mlx-lm's BatchGenerator, one prefill per prompt), as a
+  multiple of the KV cache's own bytes at mlx-lm's 256-token allocation step.
 """
 
 import sys
 
 import mlx.core as mx
-import mlx.nn as nn
-import mlx.optimizers as optim
 import numpy as np
 from mlx.utils import tree_flatten
 
-from mlx_grpo.config import load_config
-from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.config import load_config
+from mlx_grpo.models.load import checkpoint_layers
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
-LENGTH, COMPLETION = 128, 64
-
-
-def batch(rows: int, vocab: int):
-    x = np.random.default_rng(0).integers(0, vocab, (rows, LENGTH))
-    positions = np.tile(np.arange(LENGTH - COMPLETION - 1, LENGTH - 1), (rows, 1))
-    return mx.array(x), mx.array(positions), mx.array(x[:, LENGTH - COMPLETION:])
+GRID = [(4, 64), (8, 64), (4, 128), (8, 128), (4, 256), (8, 256)]  # (rows, padded length L)
 
 
-def main(name: str):
-    model, *_ = build_policy(load_config(None, [f'model.path="builtin:{name}"']))
-    mx.eval(model.parameters())
-    params = sum(v.size for _, v in tree_flatten(model.parameters()))
-    args = model.args
-    weights = mx.get_active_memory()
-    value_and_grad = nn.value_and_grad(model, lambda m, *b: -token_logprobs(m, *b).sum())
-    optimizer = optim.AdamW(learning_rate=1e-5)
-    _, grads = value_and_grad(model, *batch(1, args.vocab_size))
-    optimizer.update(model, grads)
-    mx.eval(model.parameters(), optimizer.state)
-    del grads
-    print(f"{name}: {params:,} parameters, {args.num_hidden_layers} layers x {args.hidden_size} hidden; "
-          f"weights {weights / params:.2f} B/param, weights + AdamW {mx.get_active_memory() / params:.2f} B/param")
+def update_peaks(model, cfg) -> dict:
+    """(rows, L) -> bytes one update (update/step.py's `optimize`: forward, backward, gradient
+    accumulation, clipping, AdamW) adds above what is allocated before it, optimizer state made."""
+    from mlx_grpo.rollout.sample import Rollout
+    from mlx_grpo.update.optimizer import make_optimizer
+    from mlx_grpo.update.settings import UpdateSettings
+    from mlx_grpo.update.step import optimize
+
+    vocab = model.args.vocab_size
+    optimizer = make_optimizer(cfg.training, 100)
+    settings = UpdateSettings.from_config(cfg)
+    rng = np.random.default_rng(0)
     peaks = {}
-    for rows in (2, 8):
-        b = batch(rows, args.vocab_size)
-        mx.eval(b)
+    for rows, length in [(4, 64)] + GRID:  # the first makes the optimizer state, and is measured again
+        prompt = rng.integers(3, vocab, length // 2).tolist()
+        completions = [rng.integers(3, vocab, length // 2 - 1).tolist() for _ in range(rows)]
+        rollout = Rollout([prompt] * rows, completions, [""] * rows, [False] * rows, rows)
+        rewards = np.linspace(0, 1, rows).tolist()
+        mx.eval(model.parameters())
         base = mx.get_active_memory()
         mx.reset_peak_memory()
-        loss, grads = value_and_grad(model, *b)
-        mx.eval(loss, grads)
-        peaks[rows] = mx.get_peak_memory() - base
-        del loss, grads
-    per_token = (peaks[8] - peaks[2]) / (6 * LENGTH)
-    print(f"forward+backward: {per_token / 1e3:.1f} kB per token = "
-          f"{per_token / (args.num_hidden_layers * args.hidden_size):.1f} B per token per layer per hidden unit")
+        optimize(model, optimizer, None, rollout, rewards, settings)
+        peaks[rows, length] = mx.get_peak_memory() - base
+        if len(peaks) == 1:
+            print(f"  weights + AdamW state {mx.get_active_memory() / sum(v.size for _, v in tree_flatten(model.parameters())):.2f} B/param")
+    return peaks
+
+
+def points(peaks: dict, layers: int, hidden: int, heads: int, grads: int) -> list[tuple]:
+    """(rows, L, layers, hidden, heads, gradient bytes, peak bytes) per grid point above the
+    optimizer's own peak (where the micro-batch no longer decides the peak)."""
+    out = []
+    for (rows, length), p in peaks.items():
+        print(f"    {rows} x {length}: {p / 1e6:.1f} MB")
+        if p > 1.05 * min(peaks.values()) or grads < 1e7:
+            out.append((rows, length, layers, hidden, heads, grads, p))
+    return out
+
+
+def fit(pts: list[tuple], features) -> list[float]:
+    """Least squares of peak = coef . features(point), on relative errors (tiny and small weigh alike)."""
+    xs = np.array([features(*p[:6]) for p in pts], dtype=float)
+    ys = np.array([p[6] for p in pts], dtype=float)
+    coef, *_ = np.linalg.lstsq(xs / ys[:, None], np.ones(len(ys)), rcond=None)
+    worst = max(abs(float(np.dot(coef, x)) / y - 1) for x, y in zip(xs, ys))
+    print(f"  {', '.join(f'{c:.3f}' for c in coef)}; worst of {len(ys)} points off by {worst:.1%}")
+    return [float(c) for c in coef]
+
+
+def plain_features(rows, length, layers, hidden, heads, grads):
+    """A * hidden + B * heads * L bytes per token per layer (the gradients inside)."""
+    return [rows * length * layers * hidden, rows * length * layers * heads * length]
+
+
+def checkpoint_features(a, b):
+    """S * layers * hidden per token + K plain layers per token + G * gradient bytes."""
+    def features(rows, length, layers, hidden, heads, grads):
+        return [rows * length * layers * hidden, rows * length * (a * hidden + b * heads * length), grads]
+    return features
+
+
+def rollout_factor(model, tokenizer, args) -> float:
+    """Rollout peak above the weights / the KV cache bytes at mlx-lm's 256-token step."""
+    rng = np.random.default_rng(1)
+    ratios = []
+    for prompts, G, prompt_len, new in ((2, 8, 40, 32), (4, 4, 200, 64), (2, 8, 300, 32)):
+        ids = [rng.integers(3, args.vocab_size, prompt_len).tolist() for _ in range(prompts)]
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        generate_completions(model, tokenizer, ids, num_generations=G, max_new_tokens=new,
+                             sampler=make_rollout_sampler(1.0, 1.0, 0, 0.0))
+        extra = mx.get_peak_memory() - base
+        head_dim = args.hidden_size // args.num_attention_heads
+        slots = -(-(prompt_len + new) // 256) * 256
+        kv = prompts * G * slots * args.num_hidden_layers * args.num_key_value_heads * head_dim * 2 * 4
+        ratios.append(extra / kv)
+        print(f"  rollout {prompts} prompts x G {G}, prompt {prompt_len} + {new}: {extra / 1e6:.1f} MB "
+              f"= {extra / kv:.2f} x the KV cache's {kv / 1e6:.1f} MB")
+    return float(np.mean(ratios))
+
+
+def measure(name: str) -> dict[str, list]:
+    """Grid points of the update: full fine-tune and LoRA (rank 8, all layers), plain and
+    grad-checkpointed."""
+    out = {}
+    for lora in (False, True):
+        cfg = load_config(None, [f'model.path="builtin:{name}"', f"lora.enabled={str(lora).lower()}"])
+        model, tokenizer, *_ = build_policy(cfg)
+        mx.eval(model.parameters())
+        params = sum(v.size for _, v in tree_flatten(model.parameters()))
+        trainable = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+        args = model.args
+        shape = args.num_hidden_layers, args.hidden_size, args.num_attention_heads, 4 * trainable
+        kind = "lora" if lora else "full"
+        print(f"{name}, {kind}: {params:,} parameters ({trainable:,} trainable), {shape[0]} layers x "
+              f"{shape[1]} hidden, {shape[2]} heads; weights {mx.get_active_memory() / params:.2f} B/param")
+        if not lora:
+            print(f"  rollout factor (mean): {rollout_factor(model, tokenizer, args):.2f}")
+        out[kind] = points(update_peaks(model, cfg), *shape)
+        checkpoint_layers(model)
+        out[kind + " checkpointed"] = points(update_peaks(model, cfg), *shape)
+        del model
+    return out
+
+
+def ratio(pts: list[tuple], features, coef: list[float]) -> float:
+    """Mean of measured / predicted-as-full-fine-tune over LoRA's points."""
+    r = [p[6] / float(np.dot(coef, features(*p[:6]))) for p in pts]
+    print(f"  {np.mean(r):.3f} (points {min(r):.3f} to {max(r):.3f})")
+    return float(np.mean(r))
+
+
+def main(names: list[str]):
+    pts = {}
+    for name in names:
+        for kind, p in measure(name).items():
+            pts.setdefault(kind, []).extend(p)
+    print("update, plain: A, B =")
+    a, b = fit(pts["full"], plain_features)
+    print("update, grad_checkpoint: S, K, G =")
+    ckpt = fit(pts["full checkpointed"], checkpoint_features(a, b))
+    print("LoRA's update / the full fine-tune's formula, plain:")
+    ratio(pts["lora"], plain_features, [a, b])
+    print("LoRA's update / the full fine-tune's formula, grad_checkpoint:")
+    ratio(pts["lora checkpointed"], checkpoint_features(a, b), ckpt)
 
 
 if __name__ == "__main__":
-    main(sys.argv[1] if len(sys.argv) > 1 else "small")
+    main(sys.argv[1:] or ["tiny", "small"])

@@ -264,12 +264,29 @@ def add_arguments(parser):
     start.add_argument("--overwrite", action="store_true", help="replace a run already in output_dir")
     parser.add_argument("--force", action="store_true",
                         help="resume even though the config differs from the run's")
+    parser.add_argument("--ignore-memory", action="store_true",
+                        help="train even when `mlx-grpo plan` predicts the profile does not fit in memory")
+    parser.add_argument("--memory-gb", type=float, default=None, metavar="N",
+                        help="check the memory plan against N GB instead of this device's memory")
+
+
+def check_memory(cfg, memory_gb: float | None) -> None:
+    """Refuse, before any weight loads, a profile whose predicted peak memory exceeds the device's
+    (commands/plan.py); a model whose shapes cannot be read without a download is not checked."""
+    from mlx_grpo.commands.plan import PlanUnavailable, check_fits
+
+    try:
+        check_fits(cfg, memory_gb)
+    except PlanUnavailable as e:
+        print(f"mlx-grpo: memory not checked: {e}", file=sys.stderr)
 
 
 def main(args) -> int:
     """The exit code: 0, or a stopped run's (it prints the command that resumes it)."""
     cfg = load_config(args.config, args.overrides)
     cfg.checkpoint.resume = cfg.checkpoint.resume or args.resume
+    if not args.ignore_memory:
+        check_memory(cfg, args.memory_gb)
     try:
         train(cfg, config_path=args.config, overwrite=args.overwrite, force=args.force)
     except RunStopped as e:

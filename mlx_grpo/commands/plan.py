@@ -1,0 +1,121 @@
+"""`mlx-grpo plan`: will this profile fit in this machine's memory? The predicted peak of each
+phase (models/memory.py: config.json and safetensors headers, no weights loaded) against the
+device's memory, and, when it does not fit, single changes that would. `train` runs the same
+check (`check_fits`) before it loads anything.
+"""
+
+import json
+import os
+from pathlib import Path
+
+from mlx_grpo.config import load_config
+from mlx_grpo.errors import UserError
+from mlx_grpo.models.memory import GB, PlanError, predict, read_model_shape, run_shape, suggestions
+
+PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout KV cache", "update activations",
+          "logits", "rollout", "update")
+
+
+class MemoryPlanError(UserError):
+    pass
+
+
+class PlanUnavailable(MemoryPlanError):
+    """The model's shapes cannot be read without downloading it."""
+
+
+def device_memory_gb() -> float:
+    """MLX's own figure on Metal (its recommended working set, else the memory size); system RAM
+    on the CPU backend."""
+    import mlx.core as mx
+
+    if mx.metal.is_available():
+        info = mx.device_info() if hasattr(mx, "device_info") else mx.metal.device_info()
+        size = info.get("max_recommended_working_set_size") or info.get("memory_size")
+        if size:
+            return size / GB
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
+
+
+def model_folder(path: str) -> Path:
+    """The local folder holding the model's config.json and safetensors: a built-in, a local
+    folder, or a hub id already in the Hugging Face cache (nothing is downloaded)."""
+    from mlx_grpo.models.load import resolve_model_path
+
+    local = Path(resolve_model_path(path)).expanduser()
+    if local.is_dir():
+        return local
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(path, local_files_only=True,
+                                      allow_patterns=["config.json", "model*.safetensors*"]))
+    except Exception as e:  # not cached (or not a repo id): the plan cannot read the shapes
+        raise PlanUnavailable(f"model.path: {path} is neither a local folder nor in the Hugging Face cache "
+                              f"({type(e).__name__}); download it first to plan its memory") from e
+
+
+def plan(cfg, memory_gb: float | None = None) -> dict:
+    """The prediction: bytes of every phase in GB, `peak_gb`, `device_gb`, `fits`, and
+    `suggestions` ([--set items, predicted peak GB], when it does not fit)."""
+    from mlx_grpo.models.load import resolve_dtype
+
+    try:
+        shape = read_model_shape(model_folder(cfg.model.path))
+    except PlanError as e:
+        raise PlanUnavailable(str(e)) from e
+    run = run_shape(cfg, resolve_dtype(cfg.model.dtype))
+    phases = predict(shape, run)
+    device = memory_gb if memory_gb is not None else device_memory_gb()
+    fits = phases["peak"] <= device * GB
+    return {
+        "model": cfg.model.path, "phases_gb": {k: phases[k] / GB for k in PHASES},
+        "peak_gb": phases["peak"] / GB, "device_gb": device, "fits": fits,
+        "suggestions": [] if fits else [[s, p / GB] for s, p in suggestions(shape, run, device * GB)],
+    }
+
+
+def check_fits(cfg, memory_gb: float | None = None) -> dict:
+    """`plan`, raising a one-line MemoryPlanError with the best suggestion when it does not fit."""
+    result = plan(cfg, memory_gb)
+    if not result["fits"]:
+        best = result["suggestions"][0] if result["suggestions"] else None
+        hint = (f"try --set {best[0].replace(' ', ' --set ')} (predicted {best[1]:.2f} GB)" if best
+                else "no single change in `mlx-grpo plan` makes it fit")
+        raise MemoryPlanError(
+            f"predicted peak memory {result['peak_gb']:.2f} GB > {result['device_gb']:.2f} GB on this device; "
+            f"{hint}; --ignore-memory trains anyway")
+    return result
+
+
+def format_plan(result: dict) -> list[str]:
+    lines = [f"memory plan for {result['model']} (GB):"]
+    for name, gb in result["phases_gb"].items():
+        lines.append(f"  {name:<20} {gb:10.3f}")
+    verdict = "fits" if result["fits"] else "does not fit"
+    lines.append(f"  {'peak':<20} {result['peak_gb']:10.3f}   device {result['device_gb']:.2f} GB: {verdict}")
+    if not result["fits"]:
+        if result["suggestions"]:
+            lines.append("changes that fit, each alone (--set):")
+            lines += [f"  {s:<45} peak {p:.3f} GB" for s, p in result["suggestions"]]
+        else:
+            lines.append("no single change fits; combine them, or use a smaller model")
+    return lines
+
+
+def add_arguments(parser):
+    parser.add_argument("--config", required=True, help="TOML profile, e.g. configs/default.toml")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="override a config key with a TOML value (repeatable)")
+    parser.add_argument("--memory-gb", type=float, default=None, metavar="N",
+                        help="plan for N GB instead of this device's memory")
+    parser.add_argument("--json", default=None, metavar="FILE", help="also write the prediction as JSON")
+
+
+def main(args) -> int:
+    """Exit code 0 when the profile fits, 1 when it does not."""
+    result = plan(load_config(args.config, args.overrides), args.memory_gb)
+    print("\n".join(format_plan(result)))
+    if args.json:
+        Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
+    return 0 if result["fits"] else 1

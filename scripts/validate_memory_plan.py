@@ -1,0 +1,78 @@
+"""The memory planner (mlx_grpo/models/memory.py) against real runs: predicted peak vs the
+`peak_memory_gb` that metrics.jsonl records, per config.
+
+    uv run python scripts/validate_memory_plan.py            # tiny and small
+    uv run python scripts/validate_memory_plan.py tiny       # the cheap ones (as the test)
+
+Each config trains 2 steps of 4 prompts x G 4 in its own process. The plan is made for the
+lengths the run reached (data.max_prompt_tokens = the longest prompt of the data, and
+generation.max_new_tokens = the longest completion sampled), since the planner predicts the
+longest shapes a run can see and a 2-step run may stop short of them.
+"""
+
+import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+BASE = ["training.max_steps=2", "training.prompts_per_step=4", "generation.num_generations=4",
+        "generation.max_new_tokens=32", "checkpoint.save_every=1000", "logging.log_completions=0"]
+LONG_SYSTEM = 'data.system_prompt="' + " ".join(["What is 2 + 7 - 3? 2 + 7 = 9 and 9 - 3 = 6."] * 12) + '"'
+CONFIGS = {  # name: --set items
+    "full": [],
+    "full, beta 0.04 (frozen reference)": ["grpo.beta=0.04"],
+    "full, grad_checkpoint": ["training.grad_checkpoint=true"],
+    "full, micro_batch_size 4": ["training.micro_batch_size=4"],
+    "LoRA r8": ["lora.enabled=true"],
+    "LoRA r8, grad_checkpoint": ["lora.enabled=true", "training.grad_checkpoint=true"],
+    "QLoRA 4-bit": ["lora.enabled=true", "model.quantize_bits=4"],
+    "full, long prompts (333 tokens)": [LONG_SYSTEM, "data.max_prompt_tokens=1024"],
+    "LoRA, long prompts, grad_checkpoint": [LONG_SYSTEM, "data.max_prompt_tokens=1024", "lora.enabled=true",
+                                            "training.grad_checkpoint=true"],
+}
+
+
+def measured(model: str, sets: list[str], out: Path) -> tuple[float, int]:
+    """(peak_memory_gb over the steps, longest completion) of a real run."""
+    cmd = [sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml", "--ignore-memory",
+           "--overwrite", "--set", f'output_dir="{out}"', "--set", f'model.path="builtin:{model}"']
+    for s in BASE + sets:
+        cmd += ["--set", s]
+    subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    return max(r["peak_memory_gb"] for r in rows), int(max(r["completions/max_length"] for r in rows))
+
+
+def predicted(model: str, sets: list[str], longest_completion: int) -> float:
+    from mlx_grpo.commands.plan import plan
+    from mlx_grpo.config import load_config
+    from mlx_grpo.data.load import load_examples
+    from mlx_grpo.models.load import resolve_model_path
+    from mlx_lm.utils import load_tokenizer
+
+    overrides = [f'model.path="builtin:{model}"', *BASE, *sets]
+    cfg = load_config("configs/smoke_test.toml", overrides)
+    tokenizer = load_tokenizer(Path(resolve_model_path(cfg.model.path)))
+    longest_prompt = max(len(e.prompt_tokens) for e in load_examples(cfg.data, tokenizer))
+    cfg.data.max_prompt_tokens, cfg.generation.max_new_tokens = longest_prompt, longest_completion
+    return plan(cfg)["peak_gb"]
+
+
+def table(models: list[str], configs: dict = CONFIGS) -> list[dict]:
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp:
+        for model in models:
+            for i, (name, sets) in enumerate(configs.items()):
+                peak, longest = measured(model, sets, Path(tmp) / f"{model}{i}")
+                pred = predicted(model, sets, longest)
+                rows.append({"model": model, "config": name, "predicted_gb": pred, "measured_gb": peak,
+                             "error": pred / peak - 1})
+                print(f"| builtin:{model} | {name} | {pred:.3f} | {peak:.3f} | {100 * (pred / peak - 1):+.1f}% |",
+                      flush=True)
+    return rows
+
+
+if __name__ == "__main__":
+    print("| model | config | predicted GB | measured GB | error |\n|---|---|---|---|---|")
+    table(sys.argv[1:] or ["tiny", "small"])

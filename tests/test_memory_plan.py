@@ -1,0 +1,89 @@
+"""The memory planner: safetensors headers read without the weights, adapter counts equal to
+the real model's, `plan`'s exit codes and JSON, `train` refusing before any weight loads, and
+predictions within 15% of real runs on builtin:tiny."""
+
+import json
+import struct
+import sys
+from pathlib import Path
+
+import pytest
+from mlx.utils import tree_flatten
+
+from mlx_grpo.cli import main
+from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.config import load_config
+from mlx_grpo.models.memory import predict, read_header, read_model_shape, run_shape, trainable_params
+
+SMOKE = "configs/smoke_test.toml"
+
+
+def test_a_header_is_read_without_the_tensors(tmp_path):
+    header = json.dumps({"__metadata__": {"format": "mlx"}, "w": {"dtype": "BF16", "shape": [3, 4],
+                                                                   "data_offsets": [0, 24]}}).encode()
+    (tmp_path / "m.safetensors").write_bytes(struct.pack("<Q", len(header)) + header + b"\0" * 24)
+    (t,) = read_header(tmp_path / "m.safetensors").values()
+    assert (t.dtype, t.shape, t.size) == ("BF16", (3, 4), 12)
+
+
+@pytest.mark.parametrize("sets", [[], ["lora.enabled=true"], ["lora.enabled=true", "lora.num_layers=2", "lora.rank=4",
+                                                              'lora.target_modules=["self_attn.q_proj"]']])
+def test_trainable_parameters_match_the_model(tiny_path, sets):
+    cfg = load_config(SMOKE, sets)
+    model = build_policy(cfg)[0]
+    real = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))
+    assert trainable_params(read_model_shape(tiny_path), run_shape(cfg)) == real
+
+
+def test_the_phases_follow_the_config(tiny_path):
+    shape = read_model_shape(tiny_path)
+    full = predict(shape, run_shape(load_config(SMOKE, [])))
+    ref = predict(shape, run_shape(load_config(SMOKE, ["grpo.beta=0.04"])))
+    lora_ref = predict(shape, run_shape(load_config(SMOKE, ["grpo.beta=0.04", "lora.enabled=true"])))
+    ckpt = predict(shape, run_shape(load_config(SMOKE, ["training.grad_checkpoint=true"])))
+    half = predict(shape, run_shape(load_config(SMOKE, ["training.micro_batch_size=32"])))
+    assert full["weights"] == 4 * 829_824 and full["optimizer state"] == 8 * 829_824
+    assert ref["reference"] == full["weights"] and lora_ref["reference"] == 0 and full["reference"] == 0
+    assert ckpt["update activations"] < full["update activations"]
+    assert half["update activations"] == pytest.approx(full["update activations"] / 2)
+    assert full["peak"] == max(full["rollout"], full["update"])
+
+
+def test_plan_writes_json_and_exits_by_the_verdict(tmp_path, capsys):
+    out = tmp_path / "plan.json"
+    assert main(["plan", "--config", SMOKE, "--memory-gb", "1000", "--json", str(out)]) == 0
+    result = json.loads(out.read_text())
+    assert result["fits"] and result["device_gb"] == 1000 and result["peak_gb"] > 0
+    assert main(["plan", "--config", SMOKE, "--memory-gb", "0.5", "--json", str(out)]) == 1
+    result = json.loads(out.read_text())
+    text = capsys.readouterr().out
+    assert not result["fits"] and result["suggestions"] and "does not fit" in text
+    assert all(peak <= 0.5 for _, peak in result["suggestions"])
+    assert result["suggestions"][0][0] in text
+
+
+def test_train_refuses_before_loading_any_weight(tmp_path, capsys, monkeypatch):
+    import mlx_lm
+
+    def no_load(*a, **k):
+        raise AssertionError("weights loaded")
+
+    monkeypatch.setattr(mlx_lm, "load", no_load)
+    out = tmp_path / "run"
+    code = main(["--config", SMOKE, "--memory-gb", "0.5", "--set", f'output_dir="{out}"'])
+    err = capsys.readouterr().err
+    assert code == 2 and not out.exists()
+    assert len(err.strip().splitlines()) == 1
+    assert "predicted peak memory" in err and "--set training." in err and "--ignore-memory" in err
+
+
+def test_predictions_within_15_percent_of_real_runs_on_tiny():
+    """The short-prompt configs (2-step runs, ~4 s each); scripts/validate_memory_plan.py adds the
+    long-prompt ones and builtin:small."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+    from validate_memory_plan import CONFIGS, table
+
+    rows = table(["tiny"], {k: v for k, v in CONFIGS.items() if "long" not in k})
+    assert len(rows) >= 6
+    worst = max(rows, key=lambda r: abs(r["error"]))
+    assert abs(worst["error"]) <= 0.15, worst

@@ -2,10 +2,12 @@
 
 import json
 
+import pytest
+
 from mlx_grpo.cli import main
 
-STEP_FIELDS = {"total_s", "rollout_s", "rewards_s", "reference_s", "update_s", "completion_tokens",
-               "scored_tokens", "peak_memory_gb", "update_peak_memory_gb"}
+STEP_FIELDS = {"prompt_share", "shared_over_full_tokens", "total_s", "rollout_s", "rewards_s", "reference_s",
+               "update_s", "completion_tokens", "scored_tokens", "peak_memory_gb", "update_peak_memory_gb"}
 LIMIT_FIELDS = {"total_s", "generation_s", "forward_backward_s", "forward_backward_plain_s",
                 "forward_backward_compiled_s", "forward_backward_peak_memory_gb"}
 
@@ -35,3 +37,19 @@ def test_bench_writes_a_complete_report(tmp_path, capsys):
 def test_bench_rejects_zero_steps(capsys):
     assert main(["bench", "--size", "tiny", "--steps", "0"]) == 2
     assert "--steps must be >= 1, got 0" in capsys.readouterr().err
+
+
+def test_bench_prompt_tokens_lengthens_prompts_and_reports_the_prompt_share(tmp_path, capsys):
+    """--prompt-tokens 96 with training.shared_prefix on: each prompt has 96 tokens, the limit
+    still scores padded rows, and the shares follow from the token counts."""
+    out = tmp_path / "bench.json"
+    rc = main(["bench", "--size", "tiny", "--steps", "1", "--prompts", "1", "--generations", "2",
+               "--max-new-tokens", "8", "--prompt-tokens", "96", "--set", "training.shared_prefix=true",
+               "--json", str(out)])
+    assert rc == 0 and "prompt share of tokens" in capsys.readouterr().out
+    r = json.loads(out.read_text())
+    assert r["shared_prefix"] is True and r["prompt_tokens"] == 96
+    step = r["per_step"][0]["step"]
+    c = step["completion_tokens"]  # 2 rows of 96 prompt tokens each
+    assert step["prompt_share"] == pytest.approx(192 / (192 + c))
+    assert step["shared_over_full_tokens"] == pytest.approx((96 + c) / (192 + c))

@@ -29,7 +29,10 @@ def _rollout():
 
 
 def _cfg(loss_type, *extra):
+    # The packed path: mx.compile takes only its array batches (tests/test_prefix.py checks the
+    # shared-prefix path against it).
     return load_config(None, [
+        "training.shared_prefix=false",
         "generation.num_generations=3", "training.prompts_per_step=2", "generation.max_new_tokens=12",
         f"grpo.loss_type={loss_type}", "grpo.beta=0.04", "generation.temperature=0.7", *extra,
     ])

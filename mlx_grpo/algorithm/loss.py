@@ -69,7 +69,11 @@ def token_logprobs_and_entropies(model, inputs, positions, targets, temperature:
     and it only feeds a metric and the top-entropy mask. The softmax is a transient
     [N, T, V] array, never kept for the backward pass.
     """
-    logits = _scaled_logits(model, inputs, positions, temperature)
+    return logprobs_and_entropies(_scaled_logits(model, inputs, positions, temperature), targets)
+
+
+def logprobs_and_entropies(logits, targets):
+    """(log-probs of targets, entropies) of scaled logits [N, T, V], both [N, T]."""
     logp, lse = _gather_logprobs(logits, targets)
     z, norm = mx.stop_gradient(logits), mx.stop_gradient(lse)
     probs = mx.exp(z - norm[..., None])  # (N, T, V)

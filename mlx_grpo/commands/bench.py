@@ -10,13 +10,19 @@ Then, on the same model and that step's shapes, the limit:
   exactly the same tokens in the same batch; each prompt is prefilled once into a cache
   that its G sequences share (less work than prefilling P*G prompts, so it stays a lower
   bound); no Python work per token beyond draining the generator.
-- update: one forward+backward of a plain token log-likelihood over the same padded
-  micro-batches, timed plain and compiled, the faster taken; no optimizer update.
+- update: one forward+backward of a plain token log-likelihood over the same rows as padded
+  prompt+completion micro-batches (never shared-prefix), timed plain and compiled, the
+  faster taken; no optimizer update. A trainer that shares each group's prompt
+  (training.shared_prefix) does less work than this limit and can beat it.
+
+`--prompt-tokens N` lengthens each prompt to about N tokens (filler text before it), to
+measure the long-prompt case; the report gives the prompt share of the padded rows' tokens.
 
 Reported: medians over the measured steps, the ratio step / limit, tokens per second
 and peak memory (MLX's counters). Timings are wall-clock and noisy on a shared machine.
 """
 
+from dataclasses import replace
 import json
 import statistics
 import time
@@ -34,7 +40,7 @@ from mlx_grpo.data.load import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.rollout.sample import generate_completions
-from mlx_grpo.update.batches import prepare_batches
+from mlx_grpo.update.batches import make_micro_batches, prepare_batches
 from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.update.step import COMPILE_STEP, run_updates
 
@@ -54,13 +60,39 @@ def bench_config(model_path: str, prompts: int, generations: int, max_new_tokens
 class _Bench:
     """The trainer's own state (`setup`), its prompts and rewards."""
 
-    def __init__(self, cfg):
+    def __init__(self, cfg, prompt_tokens: int = 0):
         seed_everything(cfg.seed)
         self.reward_set = make_rewards(cfg)
         self.tr = setup(cfg, total_updates=1_000_000)
-        self.stream = PromptStream(self.tr.examples, cfg.data.shuffle, cfg.seed)
+        examples = self.tr.examples
+        if prompt_tokens > 0:
+            examples = [lengthen(e, self.tr.tokenizer, prompt_tokens) for e in examples]
+        self.stream = PromptStream(examples, cfg.data.shuffle, cfg.seed)
         self.prompts = cfg.training.prompts_per_step * cfg.training.gradient_accumulation_steps
         self.trainable = sum(v.size for _, v in tree_flatten(self.tr.model.trainable_parameters()))
+
+
+FILLER = "Read the question below carefully, think step by step and give the final answer. "
+
+
+def lengthen(example, tokenizer, n: int):
+    """The example with filler tokens before its prompt, so the prompt has about n tokens."""
+    need = n - len(example.prompt_tokens)
+    if need <= 0:
+        return example
+    ids = tokenizer.encode(FILLER, add_special_tokens=False)
+    filler = (ids * (need // len(ids) + 1))[:need]
+    return replace(example, prompt_tokens=filler + list(example.prompt_tokens))
+
+
+def prefix_share(rollout) -> dict:
+    """Prompt tokens as a share of the rows' prompt+completion tokens, and the tokens a
+    shared-prefix pass runs over those a padded full-sequence pass runs (padding aside)."""
+    g = rollout.group_size
+    prompt = sum(len(p) for p in rollout.prompt_tokens)
+    completion = sum(len(c) for c in rollout.completion_tokens)
+    return {"prompt_share": prompt / (prompt + completion),
+            "shared_over_full_tokens": (prompt / g + completion) / (prompt + completion)}
 
 
 def _timed_step(b: _Bench) -> tuple[dict, object, list]:
@@ -86,11 +118,11 @@ def _timed_step(b: _Bench) -> tuple[dict, object, list]:
     t4 = time.perf_counter()
     update_peak = mx.get_peak_memory()
     return {
-        "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "reference_s": t3 - t2,
+        **prefix_share(rollout), "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "reference_s": t3 - t2,
         "update_s": t4 - t3, "completion_tokens": rollout.num_tokens,
         "scored_tokens": sum(float(x.mask.sum().item()) for x in batches),
         "peak_memory_gb": max(before_update, update_peak) / GB, "update_peak_memory_gb": update_peak / GB,
-    }, rollout, batches
+    }, rollout, make_micro_batches(rollout, mx.zeros(len(rewards)), replace(tr.settings, shared_prefix=False))
 
 
 def generation_limit(model, prompts, lengths, group_size: int, sampler, batch_size: int = 0) -> float:
@@ -154,9 +186,9 @@ def _limit(tr, rollout, batches, fb_fns) -> dict:
             "forward_backward_peak_memory_gb": fb_peak}
 
 
-def run_bench(cfg, steps: int = 5, label: str = "") -> dict:
+def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> dict:
     """Warm-up step, then `steps` measured steps each followed by its limit; the report as a dict."""
-    bench = _Bench(cfg)
+    bench = _Bench(cfg, prompt_tokens)
     tr = bench.tr
     plain = nn.value_and_grad(tr.model, _likelihood)
     fb_fns = [lambda b: plain(tr.model, b), make_grad_fn(tr.model, _likelihood, compiled=True)]
@@ -174,7 +206,8 @@ def run_bench(cfg, steps: int = 5, label: str = "") -> dict:
         "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
         "generations": cfg.generation.num_generations, "max_new_tokens": cfg.generation.max_new_tokens,
         "micro_batch_size": cfg.training.micro_batch_size, "beta": cfg.grpo.beta,
-        "compiled_step": COMPILE_STEP, "measured_steps": steps,
+        "compiled_step": COMPILE_STEP, "measured_steps": steps, "shared_prefix": cfg.training.shared_prefix,
+        "prompt_tokens": prompt_tokens,
         "step": step, "limit": limit,
         "step_over_limit": step["total_s"] / limit["total_s"],
         "rollout_tokens_per_s": step["completion_tokens"] / step["rollout_s"],
@@ -192,6 +225,8 @@ def format_report(r: dict) -> str:
     lines = [
         f"{r['model']}: {r['trainable_parameters']:,} trainable, P={r['prompts']} G={r['generations']} "
         f"max_new_tokens={r['max_new_tokens']}, median of {r['measured_steps']} steps",
+        f"prompt share of tokens {s['prompt_share']:.3f}; shared_prefix={str(r['shared_prefix']).lower()} "
+        f"(a shared-prefix pass runs {s['shared_over_full_tokens']:.3f} of the padded rows' tokens)",
         f"{'':24}{'trainer':>10}{'limit':>10}",
         f"{'step (s)':24}{s['total_s']:10.2f}{lim['total_s']:10.2f}   ratio {r['step_over_limit']:.3f}",
         f"{'  rollout / generation':24}{s['rollout_s']:10.2f}{lim['generation_s']:10.2f}",
@@ -214,6 +249,8 @@ def add_arguments(parser):
     parser.add_argument("--prompts", type=int, default=2, help="prompts per step, P (default 2)")
     parser.add_argument("--generations", type=int, default=8, help="completions per prompt, G (default 8)")
     parser.add_argument("--max-new-tokens", type=int, default=64, help="default 64")
+    parser.add_argument("--prompt-tokens", type=int, default=0, metavar="N",
+                        help="lengthen each prompt to about N tokens with filler text (default 0: as is)")
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, e.g. --set lora.enabled=true (repeatable)")
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the report as JSON")
@@ -225,7 +262,9 @@ def main(args) -> dict:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
     path = args.model or SIZES[args.size]
     cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
-    report = run_bench(cfg, steps=args.steps, label=args.model or args.size)
+    if args.prompt_tokens < 0:
+        raise ConfigError(f"--prompt-tokens must be >= 0, got {args.prompt_tokens}")
+    report = run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens)
     print(format_report(report))
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

@@ -20,6 +20,7 @@ from mlx_lm.tuner.dora import DoRAEmbedding, DoRALinear
 from mlx_lm.tuner.lora import LoRAEmbedding, LoRALinear, LoRASwitchLinear
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
+from mlx_grpo.algorithm.prefix import PrefixCache
 from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.models.builtin import builtin_model_path, cache_dir
 from mlx_grpo.errors import ModelError
@@ -162,6 +163,11 @@ def adapters_disabled(model):
 
 def _checkpointed(call):
     def __call__(self, *args, **kwargs):
+        if args and isinstance(args[-1], PrefixCache):  # blocks take (x, mask, cache)
+            return _checkpointed_on_prefix(call, self, *args[:-1], cache=args[-1], **kwargs)
+        if isinstance(kwargs.get("cache"), PrefixCache):
+            return _checkpointed_on_prefix(call, self, *args, **kwargs)
+
         def inner(params, *args, **kwargs):
             self.update(params)
             return call(self, *args, **kwargs)
@@ -169,6 +175,24 @@ def _checkpointed(call):
         return mx.checkpoint(inner)(self.trainable_parameters(), *args, **kwargs)
 
     return __call__
+
+
+def _checkpointed_on_prefix(call, self, *args, cache, **kwargs):
+    """A checkpointed block over a shared prefix. mx.checkpoint differentiates only its array
+    inputs, so the prefix's keys/values go in as inputs and the cache's new ones come out as
+    outputs; passed inside the cache object they would get no gradient."""
+    prior = () if cache.keys is None else (cache.keys, cache.values)
+
+    def inner(params, prior, *args, **kwargs):
+        self.update(params)
+        c = PrefixCache()
+        if prior:
+            c.keys, c.values, c.offset = prior[0], prior[1], prior[0].shape[2]
+        return call(self, *args, cache=c, **kwargs), c.keys, c.values
+
+    out, cache.keys, cache.values = mx.checkpoint(inner)(self.trainable_parameters(), prior, *args, **kwargs)
+    cache.offset = cache.keys.shape[2]
+    return out
 
 
 _CHECKPOINTED: dict[type, type] = {}  # block class -> its checkpointed subclass

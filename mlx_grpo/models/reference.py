@@ -7,7 +7,7 @@ copy of the base, loaded from the same local folder as the policy.
 
 import mlx.core as mx
 
-from mlx_grpo.algorithm.loss import token_logprobs
+from mlx_grpo.algorithm.prefix import batch_logprobs
 from mlx_grpo.models.load import adapters_disabled, load_base
 
 
@@ -27,10 +27,10 @@ def load_reference(model_cfg, base_path: str, *, beta: float, lora: bool):
 
 def reference_logprobs(policy, ref_model, batch, temperature: float) -> mx.array:
     """One no-grad pass of the reference over a micro-batch: the frozen copy, or the policy
-    without adapters when `ref_model` is None."""
+    without adapters when `ref_model` is None; shared-prefix micro-batches share the prefix here too."""
     if ref_model is not None:
-        out = token_logprobs(ref_model, batch.inputs, batch.positions, batch.targets, temperature)
+        out = batch_logprobs(ref_model, batch, temperature)
     else:
         with adapters_disabled(policy):
-            out = token_logprobs(policy, batch.inputs, batch.positions, batch.targets, temperature)
+            out = batch_logprobs(policy, batch, temperature)
     return mx.stop_gradient(out)

@@ -12,7 +12,8 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from mlx_grpo.algorithm.advantages import group_advantages
-from mlx_grpo.algorithm.loss import pack_sequences, token_logprobs
+from mlx_grpo.algorithm.loss import pack_sequences
+from mlx_grpo.algorithm.prefix import batch_logprobs, pack_groups
 from mlx_grpo.distributed import SINGLE
 from mlx_grpo.models.reference import has_reference, reference_logprobs
 from mlx_grpo.update.settings import UpdateSettings
@@ -24,8 +25,8 @@ PAD_TO = 32  # few distinct shapes, so compiled kernels are reused
 class MicroBatch:
     """The sequences of one forward/backward pass, with the normalisers of the loss."""
 
-    inputs: mx.array  # (n, L) right-padded prompt + completion
-    positions: mx.array  # (n, T) logit positions that predict each completion token
+    inputs: mx.array  # (n, L) right-padded prompt + completion; shared prefix: (n, T) completion inputs
+    positions: mx.array | None  # (n, T) logit positions that predict each completion token; None if shared
     targets: mx.array  # (n, T) completion token ids
     mask: mx.array  # (n, T) 1 on scored tokens
     advantages: mx.array  # (n,)
@@ -33,6 +34,8 @@ class MicroBatch:
     num_sequences: int  # sequences the loss is divided by (grpo, dr_grpo)
     ref_logp: mx.array | None = None
     old_logp: mx.array | None = None
+    prompts: list | None = None  # shared prefix: one (P,) prompt per run of rows that share it
+    group_rows: list | None = None  # shared prefix: the rows of each prompt
 
 
 def step_advantages(rewards, group_size: int, scale: str, world=SINGLE) -> mx.array:
@@ -57,16 +60,21 @@ def make_micro_batches(rollout, advantages, s: UpdateSettings, world=SINGLE) -> 
     for start, tokens in zip(starts, part_tokens):
         for lo in range(start, start + part, size):
             rows = range(lo, min(lo + size, start + part))
-            inputs, positions, targets, mask = pack_sequences(
-                [rollout.prompt_tokens[i] for i in rows],
-                [rollout.completion_tokens[i] for i in rows], pad_to=PAD_TO,
-            )
+            prompts = [rollout.prompt_tokens[i] for i in rows]
+            completions = [rollout.completion_tokens[i] for i in rows]
+            shared = {}
+            if s.shared_prefix:  # a chunk holding part of a group shares the prefix among its rows
+                shared["prompts"], shared["group_rows"], inputs, targets, mask = pack_groups(
+                    prompts, completions, pad_to=PAD_TO)
+                positions = None
+            else:
+                inputs, positions, targets, mask = pack_sequences(prompts, completions, pad_to=PAD_TO)
             if any(drop[i] for i in rows):
                 mask = mask * mx.array([0.0 if drop[i] else 1.0 for i in rows])[:, None]
             batches.append(MicroBatch(
                 inputs, positions, targets, mask, advantages[lo:rows.stop],
                 num_items=step_tokens if s.loss_type == "dapo" else tokens,
-                num_sequences=part,
+                num_sequences=part, **shared,
             ))
     return batches
 
@@ -80,7 +88,7 @@ def make_batches(model, ref_model, rollout, advantages, s: UpdateSettings, world
             b.ref_logp = reference_logprobs(model, ref_model, b, s.temperature)
         if s.num_iterations > 1:
             b.old_logp = mx.stop_gradient(
-                token_logprobs(model, b.inputs, b.positions, b.targets, s.temperature)
+                batch_logprobs(model, b, s.temperature)
             )
         mx.eval(b.ref_logp, b.old_logp)
     return batches

@@ -24,6 +24,7 @@ class UpdateSettings:
     top_entropy_quantile: float
     temperature: float  # generation.temperature: the log-probs are of the sampled distribution
     max_new_tokens: int  # generation.max_new_tokens: dr_grpo's normaliser
+    shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once per pass
 
     @classmethod
     def from_config(cls, cfg) -> "UpdateSettings":
@@ -36,6 +37,7 @@ class UpdateSettings:
             importance_sampling_level=g.importance_sampling_level,
             top_entropy_quantile=g.top_entropy_quantile, temperature=gen.temperature,
             max_new_tokens=gen.max_new_tokens,
+            shared_prefix=t.shared_prefix,
         )
 
     @classmethod

@@ -13,7 +13,8 @@ import mlx.optimizers as optim
 from mlx.utils import tree_map
 import numpy as np
 
-from mlx_grpo.algorithm.loss import DIVIDES_BY_ACCUMULATION, grpo_loss, token_logprobs_and_entropies
+from mlx_grpo.algorithm.loss import DIVIDES_BY_ACCUMULATION, grpo_loss
+from mlx_grpo.algorithm.prefix import batch_logprobs_and_entropies
 from mlx_grpo.distributed import SINGLE
 from mlx_grpo.errors import NonFiniteError
 from mlx_grpo.update.batches import MicroBatch, prepare_batches
@@ -32,9 +33,7 @@ def make_loss_fn(settings):
     s = UpdateSettings.of(settings)
 
     def loss_fn(model, batch: MicroBatch):
-        logp, entropies = token_logprobs_and_entropies(
-            model, batch.inputs, batch.positions, batch.targets, s.temperature
-        )
+        logp, entropies = batch_logprobs_and_entropies(model, batch, s.temperature)
         return grpo_loss(
             logp, batch.old_logp, batch.ref_logp, batch.advantages, batch.mask,
             beta=s.beta, epsilon=s.epsilon, epsilon_high=s.epsilon_high, loss_type=s.loss_type,
@@ -48,8 +47,11 @@ def make_loss_fn(settings):
 
 
 def make_update_grad_fn(model, settings):
-    """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so."""
-    return make_grad_fn(model, make_loss_fn(settings), compiled=COMPILE_STEP)
+    """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so (never with
+    shared prefixes: their micro-batches hold lists of prompts, which the compiled step's
+    arrays-only batch cannot carry)."""
+    s = UpdateSettings.of(settings)
+    return make_grad_fn(model, make_loss_fn(s), compiled=COMPILE_STEP and not s.shared_prefix)
 
 
 def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):

@@ -1,0 +1,126 @@
+"""Shared-prefix scoring (training.shared_prefix) gives the padded full-sequence path's numbers."""
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import numpy as np
+import pytest
+from mlx.utils import tree_flatten, tree_unflatten
+
+from mlx_grpo.algorithm.loss import LOSS_TYPES, pack_sequences, token_logprobs
+from mlx_grpo.algorithm.prefix import grouped_token_logprobs_and_entropies, pack_groups
+from mlx_grpo.config import LoraConfig, load_config
+from mlx_grpo.models.load import add_adapters, checkpoint_layers
+from mlx_grpo.rollout.sample import Rollout
+from mlx_grpo.update.batches import prepare_batches
+from mlx_grpo.update.grad import make_grad_fn
+from mlx_grpo.update.settings import UpdateSettings
+from mlx_grpo.update.step import make_loss_fn, run_updates, update
+
+
+def _rollout():
+    """3 prompts (9, 1 and 5 tokens) x G=3 completions of different lengths (vocabulary 64)."""
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, n).tolist() for n in (9, 1, 5)]
+    lengths = [3, 7, 12, 1, 5, 9, 4, 4, 2]
+    return Rollout(
+        prompt_tokens=[prompts[i // 3] for i in range(9)],
+        completion_tokens=[rng.integers(1, 64, n).tolist() for n in lengths],
+        texts=[""] * 9, truncated=[False] * 9, group_size=3,
+    )
+
+
+REWARDS = [1.0, 0.0, 0.5, 0.0, 1.0, 1.0, 0.2, 0.9, 0.4]
+
+
+def _cfg(shared, loss_type="grpo", *extra):
+    return load_config(None, [
+        "generation.num_generations=3", "training.prompts_per_step=3", "generation.max_new_tokens=12",
+        f"grpo.loss_type={loss_type}", "grpo.beta=0.04", "generation.temperature=0.7",
+        "training.max_grad_norm=0", "grpo.num_iterations=2", f"training.shared_prefix={str(shared).lower()}",
+        *extra,
+    ])
+
+
+def _lora(model):
+    add_adapters(model, LoraConfig(rank=4, dropout=0.0))
+    mx.random.seed(1)  # nonzero lora_b, so the reference (adapters off) differs from the policy
+    model.update(tree_unflatten([(k, 0.2 * mx.random.normal(v.shape)) for k, v in
+                                 tree_flatten(model.trainable_parameters()) if k.endswith("lora_b")]))
+    return model
+
+
+def test_shared_prefix_logprobs_and_entropies_equal_the_packed_ones(random_qwen2):
+    r = _rollout()
+    inputs, positions, targets, mask = pack_sequences(r.prompt_tokens, r.completion_tokens, pad_to=8)
+    packed = token_logprobs(random_qwen2, inputs, positions, targets, 0.7) * mask
+    prompts, rows, shared_inputs, shared_targets, shared_mask = pack_groups(
+        r.prompt_tokens, r.completion_tokens, pad_to=8)
+    assert rows == [3, 3, 3] and [p.shape[0] for p in prompts] == [9, 1, 5]
+    assert mx.array_equal(shared_targets, targets) and mx.array_equal(shared_mask, mask)
+
+    class Batch:
+        pass
+
+    b = Batch()
+    b.prompts, b.group_rows, b.inputs, b.targets = prompts, rows, shared_inputs, shared_targets
+    logp, entropies = grouped_token_logprobs_and_entropies(random_qwen2, b, 0.7)
+    assert mx.abs(logp * mask - packed).max().item() < 1e-5
+    from mlx_grpo.algorithm.loss import token_logprobs_and_entropies
+
+    _, packed_entropies = token_logprobs_and_entropies(random_qwen2, inputs, positions, targets, 0.7)
+    assert mx.abs((entropies - packed_entropies) * mask).max().item() < 1e-5
+
+
+def _applied_grads(model, cfg, ref_model):
+    """The gradient `update` applies (SGD of rate 1 moves each parameter by -grad), weights restored."""
+    before = {k: mx.array(v) for k, v in tree_flatten(model.trainable_parameters())}
+    batches = prepare_batches(model, ref_model, _rollout(), REWARDS, cfg)
+    assert all((b.prompts is not None) == UpdateSettings.of(cfg).shared_prefix for b in batches)
+    grad_fn = make_grad_fn(model, make_loss_fn(cfg), compiled=False)
+    loss, _, metrics = update(model, optim.SGD(learning_rate=1.0), batches, grad_fn, cfg)
+    after = dict(tree_flatten(model.trainable_parameters()))
+    model.update(tree_unflatten(list(before.items())))
+    return loss, metrics, {k: before[k] - after[k] for k in before}
+
+
+@pytest.mark.parametrize("loss_type", LOSS_TYPES)
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "grad_checkpoint"])
+def test_shared_prefix_gives_the_packed_gradients(random_qwen2, loss_type, lora, checkpoint):
+    """Chunks of 2 rows with G = 3: some hold parts of two groups, each part sharing its prompt.
+    With beta > 0 and num_iterations = 2 the reference and old log-probs take the same path."""
+    model = _lora(random_qwen2) if lora else random_qwen2
+    if checkpoint:
+        checkpoint_layers(model)
+    ref_model = None if lora else model
+    for extra in ((), ("training.micro_batch_size=2",)):
+        packed = _applied_grads(model, _cfg(False, loss_type, *extra), ref_model)
+        shared = _applied_grads(model, _cfg(True, loss_type, *extra), ref_model)
+        assert shared[0] == pytest.approx(packed[0], rel=1e-4, abs=1e-7)
+        assert shared[1] == pytest.approx(packed[1], rel=1e-4, abs=1e-6)
+        assert any(mx.abs(g).max().item() > 0 for g in packed[2].values())
+        for k, g in packed[2].items():
+            assert mx.allclose(shared[2][k], g, rtol=1e-4, atol=1e-6).item(), k
+
+
+def test_shared_prefix_run_metrics_equal_the_packed_ones(random_qwen2):
+    """Two optimizer updates (num_iterations = 2): same loss, KL, entropy, clip ratios and gradient
+    norm, and the same weights after. SGD, not Adam: Adam's first step is about lr * sign(g), so
+    it turns rounding noise in near-zero gradients (k_proj.bias's is 0 in exact arithmetic)
+    into full-size differences."""
+    results = []
+    start = {k: mx.array(v) for k, v in tree_flatten(random_qwen2.parameters())}
+    for shared in (False, True):
+        random_qwen2.update(tree_unflatten(list(start.items())))
+        cfg = _cfg(shared, "dapo", "training.micro_batch_size=2")
+        optimizer = optim.SGD(learning_rate=0.1)
+        batches = prepare_batches(random_qwen2, random_qwen2, _rollout(), REWARDS, cfg)
+        grad_fn = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=False)
+        metrics = run_updates(random_qwen2, optimizer, batches, grad_fn, cfg)
+        results.append((metrics, dict(tree_flatten(random_qwen2.parameters()))))
+    (packed, packed_w), (shared, shared_w) = results
+    assert packed.keys() == shared.keys() and "kl" in packed and "entropy" in packed
+    for key in packed:
+        assert shared[key] == pytest.approx(packed[key], rel=1e-4, abs=1e-6), key
+    for k in packed_w:
+        assert mx.allclose(shared_w[k], packed_w[k], rtol=1e-4, atol=1e-6).item(), k

@@ -6,18 +6,10 @@ from pathlib import Path
 
 import pytest
 
+from checks import one_line_error as _one_line_error
 from mlx_grpo import cli
 
 SMOKE = str(Path(__file__).parent.parent / "configs" / "smoke_test.toml")
-
-
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("mlx-grpo: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # --- data files -------------------------------------------------------------------------------

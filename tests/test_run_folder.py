@@ -11,6 +11,7 @@ import time
 
 import pytest
 
+from checks import one_line_error as _one_line_error
 from mlx_grpo import cli
 from mlx_grpo.config import load_config
 from mlx_grpo.run.lock import RunFolderBusy, lock_run_folder
@@ -23,15 +24,6 @@ RUN = ["training.prompts_per_step=2", "generation.max_new_tokens=8", "training.l
 def _sets(out, steps, *extra):
     items = RUN + [f"training.max_steps={steps}", f'output_dir="{out}"', *extra]
     return [arg for item in items for arg in ("--set", item)]
-
-
-def _one_line_error(capsys, *needles):
-    err = capsys.readouterr().err
-    lines = [line for line in err.splitlines() if line.startswith("mlx-grpo: error:")]
-    assert len(lines) == 1 and "Traceback" not in err, err
-    for needle in needles:
-        assert needle in lines[0], lines[0]
-    return lines[0]
 
 
 # --- the lock ---------------------------------------------------------------------------------

@@ -3,7 +3,9 @@
 Each prompt is prefilled once; its KV cache is handed to all G of its completions, which
 then decode together with every other sequence of the step (up to `batch_size` at once).
 The EOS token that ends a completion is kept: the policy must be scored on it, or it
-never learns to stop.
+never learns to stop. With `sampling_logprob` the log-prob of every sampled token under the
+distribution the sampler drew it from is kept too, to measure (and correct) the gap between
+that distribution and the one the loss scores.
 """
 
 from dataclasses import dataclass
@@ -11,7 +13,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
-from mlx_lm.sample_utils import make_sampler
+from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
 
 
 @dataclass
@@ -23,6 +25,8 @@ class Rollout:
     texts: list[str]  # decoded completions, without the EOS token
     truncated: list[bool]  # stopped by max_new_tokens rather than by EOS
     group_size: int
+    # per completion token, the log-prob under the distribution it was sampled from; None = not kept
+    sampling_logprobs: list[list[float]] | None = None
 
     @property
     def num_tokens(self) -> int:
@@ -32,6 +36,35 @@ class Rollout:
 def make_rollout_sampler(temperature: float, top_p: float, top_k: int, min_p: float):
     # mlx-lm reads top_p == 0 as "off"; our config uses 1.0 for that, as HF does.
     return make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0, min_p=min_p, top_k=top_k)
+
+
+def make_sampling_logprob(temperature: float, top_p: float, top_k: int, min_p: float):
+    """(logprobs (B, V), tokens (B,)) -> (B,): each token's log-prob under the distribution that
+    `make_rollout_sampler` draws from, given the untempered log-softmax it was handed.
+
+    mlx-lm's sampler truncates first (top_p, then min_p, then top_k, in make_sampler's order and
+    with its own functions) and divides by the temperature last; the loss scores
+    softmax(logits / T) over the whole vocabulary, so the two differ whenever a truncation is
+    on. Greedy decoding (T = 0) puts all mass on the sampled token: log-prob 0.
+    """
+    steps = []
+    if 0 < top_p < 1.0:
+        steps.append(lambda x: apply_top_p(x, top_p))
+    if min_p != 0.0:
+        steps.append(lambda x: apply_min_p(x, min_p))
+    if top_k > 0:
+        steps.append(lambda x: apply_top_k(x, top_k))
+
+    def logprob(logprobs: mx.array, tokens: mx.array) -> mx.array:
+        if temperature == 0:
+            return mx.zeros(tokens.shape, dtype=mx.float32)
+        for step in steps:
+            logprobs = step(logprobs)
+        z = (logprobs * (1.0 / temperature)).astype(mx.float32)  # categorical_sampling's scaling
+        picked = mx.take_along_axis(z, tokens[:, None], axis=-1).squeeze(-1)
+        return picked - mx.logsumexp(z, axis=-1)
+
+    return logprob
 
 
 def _prefill(model, prompt: list[int]):
@@ -52,8 +85,14 @@ def generate_completions(
     max_new_tokens: int,
     sampler,
     batch_size: int = 0,
+    sampling_logprob=None,
 ) -> Rollout:
-    """Sample `num_generations` completions for each prompt, all decoded in one batch."""
+    """Sample `num_generations` completions for each prompt, all decoded in one batch.
+
+    `sampling_logprob` (from `make_sampling_logprob`, with the sampler's settings) keeps each
+    sampled token's log-prob in `Rollout.sampling_logprobs`; it draws no random numbers, so the
+    tokens are the same with or without it.
+    """
     eos = sorted(tokenizer.eos_token_ids)
     n = len(prompts) * num_generations
     gen = BatchGenerator(
@@ -72,13 +111,26 @@ def generate_completions(
             uids += gen.insert([prompt[-1:]] * num_generations, caches=caches)
         tokens = {uid: [] for uid in uids}
         finish = {}
+        picked = []  # (uids, log-probs (B,)) of each decode step, evaluated asynchronously
         while responses := gen.next_generated():
+            if sampling_logprob is not None:
+                lp = sampling_logprob(mx.stack([r.logprobs for r in responses]),
+                                      mx.array([r.token for r in responses]))
+                mx.async_eval(lp)  # evaluated now, so the (B, V) inputs are not kept alive
+                picked.append(([r.uid for r in responses], lp))
             for r in responses:
                 tokens[r.uid].append(r.token)
                 if r.finish_reason is not None:
                     finish[r.uid] = r.finish_reason
     finally:
         gen.close()
+    sampling_logprobs = None
+    if sampling_logprob is not None:
+        by_uid = {uid: [] for uid in uids}
+        for step_uids, lp in picked:
+            for uid, v in zip(step_uids, lp.tolist()):
+                by_uid[uid].append(v)
+        sampling_logprobs = [by_uid[u] for u in uids]
     eos_set = set(eos)
     completions = [tokens[u] for u in uids]
     texts = [tokenizer.decode(c[:-1] if c and c[-1] in eos_set else c) for c in completions]
@@ -88,4 +140,5 @@ def generate_completions(
         texts=texts,
         truncated=[finish[u] == "length" for u in uids],
         group_size=num_generations,
+        sampling_logprobs=sampling_logprobs,
     )

@@ -12,7 +12,7 @@ import numpy as np
 from mlx_grpo.algorithm.advantages import group_stats
 from mlx_grpo.algorithm.overlong import overlong_penalty
 from mlx_grpo.distributed import SINGLE
-from mlx_grpo.rollout.sample import Rollout, generate_completions
+from mlx_grpo.rollout.sample import Rollout, generate_completions, make_sampling_logprob
 
 
 @dataclass(frozen=True)
@@ -24,11 +24,17 @@ class SamplingSettings:
     batch_size: int  # sequences decoded at once; 0 = all
     overlong_penalty: float  # 0 = off
     overlong_buffer: int
+    # the sampler's settings, to keep each sampled token's log-prob under the distribution drawn from
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    min_p: float = 0.0
 
     @classmethod
     def from_config(cls, cfg) -> "SamplingSettings":
         gen, g = cfg.generation, cfg.grpo
-        return cls(gen.num_generations, gen.max_new_tokens, gen.batch_size, g.overlong_penalty, g.overlong_buffer)
+        return cls(gen.num_generations, gen.max_new_tokens, gen.batch_size, g.overlong_penalty, g.overlong_buffer,
+                   gen.temperature, gen.top_p, gen.top_k, gen.min_p)
 
 
 @dataclass
@@ -51,8 +57,9 @@ def take_groups(batch: ScoredRollout, groups: list[int]) -> ScoredRollout:
     rows = [g * G + j for g in groups for j in range(G)]
     pick = lambda xs: [xs[i] for i in rows]
     r = batch.rollout
+    kept = None if r.sampling_logprobs is None else pick(r.sampling_logprobs)
     return ScoredRollout(
-        Rollout(pick(r.prompt_tokens), pick(r.completion_tokens), pick(r.texts), pick(r.truncated), G),
+        Rollout(pick(r.prompt_tokens), pick(r.completion_tokens), pick(r.texts), pick(r.truncated), G, kept),
         pick(batch.rewards), {k: pick(v) for k, v in batch.per_name.items()}, pick(batch.questions),
     )
 
@@ -61,10 +68,12 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
     """The rows of all batches, one after the other (all share one group size)."""
     first = batches[0]
     cat = lambda get: [x for b in batches for x in get(b)]
+    kept = all(b.rollout.sampling_logprobs is not None for b in batches)
     return ScoredRollout(
         Rollout(
             cat(lambda b: b.rollout.prompt_tokens), cat(lambda b: b.rollout.completion_tokens),
             cat(lambda b: b.rollout.texts), cat(lambda b: b.rollout.truncated), first.rollout.group_size,
+            cat(lambda b: b.rollout.sampling_logprobs) if kept else None,
         ),
         cat(lambda b: b.rewards), {k: cat(lambda b: b.per_name[k]) for k in first.per_name},
         cat(lambda b: b.questions),
@@ -72,12 +81,17 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
 
 
 def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings) -> ScoredRollout:
-    """G completions per example, scored; DAPO's overlong penalty added when it is on."""
+    """G completions per example, scored; DAPO's overlong penalty added when it is on.
+
+    `model` is the policy, or the quantized copy that samples for it (rollout/quantized.py);
+    `sampler` is `make_rollout_sampler` of the settings' temperature, top_p, top_k and min_p.
+    """
     G = s.num_generations
     model.eval()
     rollout = generate_completions(
         model, tokenizer, [e.prompt_tokens for e in examples],
         num_generations=G, max_new_tokens=s.max_new_tokens, sampler=sampler, batch_size=s.batch_size,
+        sampling_logprob=make_sampling_logprob(s.temperature, s.top_p, s.top_k, s.min_p),
     )
     questions = [e.question for e in examples for _ in range(G)]
     answers = [e.answer for e in examples for _ in range(G)]

@@ -14,11 +14,16 @@ each token's KL reaches the gradient of every token of its completion, as in TRL
 (per_token_kl * coef_1, coef_1 of shape (B, 1)). keep is 1, or with top_entropy_quantile = rho < 1 the mask of the
 tokens whose entropy is at least the (1 - rho) quantile of the micro-batch's valid tokens
 (Wang et al. 2025); as in TRL it leaves the KL term and the normalisers alone.
+With sampling_logp (the sampler's own log-probs of the tokens) the gap metrics of
+algorithm/mismatch.py are logged, and with an importance-sampling correction the policy term
+is multiplied by its weights w (token or sequence): L[i,t] = -w min(...) * keep + beta KL r.
 The token losses are then reduced by one of `AGGREGATIONS`.
 """
 
 import mlx.core as mx
 import mlx.nn as nn
+
+from mlx_grpo.algorithm.mismatch import importance_weights, mismatch_metrics
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
@@ -191,6 +196,10 @@ def grpo_loss(
     importance_sampling_level: str = "token",
     top_entropy_quantile: float = 1.0,
     entropies=None,
+    sampling_logp=None,
+    importance_sampling_correction: str = "none",
+    importance_sampling_cap: float = 3.0,
+    importance_sampling_floor: float = 0.0,
 ):
     """The clipped GRPO loss of one micro-batch and its metrics (see module docstring).
 
@@ -200,7 +209,10 @@ def grpo_loss(
     the sequence count (grpo, dr_grpo; default N): pass the totals of the whole batch
     when it is processed in chunks. importance_sampling_level "sequence" is GSPO: one
     ratio per completion, clipped per completion. entropies [N, T] (optional) is logged
-    as `entropy` and is required when top_entropy_quantile < 1.
+    as `entropy` and is required when top_entropy_quantile < 1. sampling_logp [N, T] (optional)
+    is the sampler's log-prob of each token: the gap to old_logp is logged, and with
+    importance_sampling_correction "token_truncate" or "sequence_mask" it weights the policy
+    term (algorithm/mismatch.py; cap and floor bound the weights).
     """
     if loss_type not in AGGREGATIONS:
         raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
@@ -211,6 +223,8 @@ def grpo_loss(
         )
     if top_entropy_quantile < 1.0 and entropies is None:
         raise ValueError("entropies are required when top_entropy_quantile < 1")
+    if importance_sampling_correction != "none" and sampling_logp is None:
+        raise ValueError("sampling_logp is required with an importance-sampling correction")
     if old_logp is None:
         old_logp = mx.stop_gradient(logp)
     mask = mask.astype(mx.float32)
@@ -224,6 +238,15 @@ def grpo_loss(
         metrics["entropy"] = (entropies * mask).sum() / tokens
         if top_entropy_quantile < 1.0:
             per_token = per_token * high_entropy_mask(entropies, mask, top_entropy_quantile)
+    if sampling_logp is not None:  # against old_logp: the parameters that sampled, as in TRL
+        metrics.update(mismatch_metrics(old_logp, sampling_logp, mask))
+        if importance_sampling_correction != "none":
+            weights, weight_metrics = importance_weights(
+                old_logp, sampling_logp, mask, importance_sampling_correction,
+                importance_sampling_cap, importance_sampling_floor,
+            )
+            per_token = per_token * weights
+            metrics.update(weight_metrics)
     if beta != 0.0:
         if ref_logp is None:
             raise ValueError("ref_logp is required when beta != 0")

@@ -189,6 +189,16 @@ def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Se
             f"lora.resume_adapter is {cfg.lora.resume_adapter!r} but lora.enabled is false; "
             "set lora.enabled = true to train that adapter further"
         )
+    if cfg.grpo.importance_sampling_floor >= cfg.grpo.importance_sampling_cap:
+        raise ConfigError(
+            f"grpo.importance_sampling_floor must be < grpo.importance_sampling_cap "
+            f"({cfg.grpo.importance_sampling_cap}), got {cfg.grpo.importance_sampling_floor}"
+        )
+    if cfg.generation.quantize_bits and cfg.model.quantize_bits:
+        raise ConfigError(
+            f"generation.quantize_bits = {cfg.generation.quantize_bits} needs a float policy, but "
+            f"model.quantize_bits = {cfg.model.quantize_bits} (QLoRA): its rollouts already run on quantized weights"
+        )
     g, cap = cfg.grpo, cfg.generation.max_new_tokens
     if g.overlong_penalty > 0 and g.overlong_buffer > cap:
         raise ConfigError(

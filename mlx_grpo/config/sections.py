@@ -63,6 +63,7 @@ class GenerationConfig:
     top_k: int = 0  # 0 = off
     min_p: float = 0.0  # 0 = off
     batch_size: int = 0  # sequences generated at once; 0 = all of a step's sequences
+    quantize_bits: int = 0  # 4 or 8: sample from a quantized copy of the current policy; 0 = off
 
 
 @dataclass
@@ -76,6 +77,12 @@ class GRPOConfig:
     mask_truncated_completions: bool = False
     importance_sampling_level: str = "token"  # "sequence" = GSPO
     top_entropy_quantile: float = 1.0  # train on the top share of tokens by entropy; 1 = all
+    # Sampler/trainer mismatch (TRL's vLLM importance sampling): "none", "token_truncate",
+    # "sequence_mask", or "auto" = token_truncate when top_p/top_k/min_p or quantized rollouts
+    # make the sampled distribution differ from the scored one, else none
+    importance_sampling_correction: str = "auto"
+    importance_sampling_cap: float = 3.0  # upper bound of the weights (TRL's clip_max)
+    importance_sampling_floor: float = 0.0  # lower bound (TRL's clip_min; 0 = none)
     dynamic_sampling: bool = False  # DAPO: drop groups with equal rewards and draw more
     max_resample_rounds: int = 4  # extra draws per step under dynamic_sampling
     overlong_penalty: float = 0.0  # DAPO soft overlong punishment at the cap; 0 = off

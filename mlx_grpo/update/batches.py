@@ -36,6 +36,7 @@ class MicroBatch:
     old_logp: mx.array | None = None
     prompts: list | None = None  # shared prefix: one (P,) prompt per run of rows that share it
     group_rows: list | None = None  # shared prefix: the rows of each prompt
+    sampling_logp: mx.array | None = None  # (n, T) the sampler's log-prob of each token; 0 on padding
 
 
 def step_advantages(rewards, group_size: int, scale: str, world=SINGLE) -> mx.array:
@@ -71,6 +72,10 @@ def make_micro_batches(rollout, advantages, s: UpdateSettings, world=SINGLE) -> 
                 inputs, positions, targets, mask = pack_sequences(prompts, completions, pad_to=PAD_TO)
             if any(drop[i] for i in rows):
                 mask = mask * mx.array([0.0 if drop[i] else 1.0 for i in rows])[:, None]
+            if rollout.sampling_logprobs is not None:
+                T = mask.shape[1]
+                shared["sampling_logp"] = mx.array(
+                    [list(rollout.sampling_logprobs[i]) + [0.0] * (T - len(rollout.sampling_logprobs[i])) for i in rows])
             batches.append(MicroBatch(
                 inputs, positions, targets, mask, advantages[lo:rows.stop],
                 num_items=step_tokens if s.loss_type == "dapo" else tokens,

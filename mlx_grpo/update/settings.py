@@ -8,6 +8,22 @@ that one value changed (`dataclasses.replace`), never a modified copy of the con
 from dataclasses import dataclass, replace
 
 
+def samples_another_distribution(gen) -> bool:
+    """Whether the rollout samples from a distribution other than softmax(logits / T) of the
+    policy: a truncation (top_p, top_k, min_p) or a quantized copy of the policy."""
+    return gen.top_p < 1.0 or gen.top_k > 0 or gen.min_p > 0.0 or gen.quantize_bits > 0
+
+
+def resolve_correction(cfg) -> str:
+    """grpo.importance_sampling_correction, "auto" resolved: "token_truncate" when the rollout
+    samples from another distribution than the loss scores, else "none" (the weights would be
+    1 within float noise, and the default run stays bit for bit as it was)."""
+    mode = cfg.grpo.importance_sampling_correction
+    if mode != "auto":
+        return mode
+    return "token_truncate" if samples_another_distribution(cfg.generation) else "none"
+
+
 @dataclass(frozen=True)
 class UpdateSettings:
     accumulation_steps: int  # training.gradient_accumulation_steps: parts of whole groups
@@ -25,6 +41,10 @@ class UpdateSettings:
     temperature: float  # generation.temperature: the log-probs are of the sampled distribution
     max_new_tokens: int  # generation.max_new_tokens: dr_grpo's normaliser
     shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once per pass
+    # grpo.importance_sampling_correction with "auto" resolved (see `resolve_correction`)
+    importance_sampling_correction: str = "none"
+    importance_sampling_cap: float = 3.0
+    importance_sampling_floor: float = 0.0
 
     @classmethod
     def from_config(cls, cfg) -> "UpdateSettings":
@@ -38,6 +58,9 @@ class UpdateSettings:
             top_entropy_quantile=g.top_entropy_quantile, temperature=gen.temperature,
             max_new_tokens=gen.max_new_tokens,
             shared_prefix=t.shared_prefix,
+            importance_sampling_correction=resolve_correction(cfg),
+            importance_sampling_cap=g.importance_sampling_cap,
+            importance_sampling_floor=g.importance_sampling_floor,
         )
 
     @classmethod

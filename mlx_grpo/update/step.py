@@ -41,6 +41,10 @@ def make_loss_fn(settings):
             num_items=batch.num_items, num_sequences=batch.num_sequences,
             importance_sampling_level=s.importance_sampling_level,
             top_entropy_quantile=s.top_entropy_quantile, entropies=entropies,
+            sampling_logp=batch.sampling_logp,
+            importance_sampling_correction=s.importance_sampling_correction,
+            importance_sampling_cap=s.importance_sampling_cap,
+            importance_sampling_floor=s.importance_sampling_floor,
         )
 
     return loss_fn
@@ -59,7 +63,7 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
     returns (loss, grad_norm, loss metrics). A NaN or inf raises before the update is applied."""
     s = UpdateSettings.of(settings)
     scale = 1.0 / s.accumulation_steps if DIVIDES_BY_ACCUMULATION[s.loss_type] else 1.0
-    total_loss, grads, sums, tokens = 0.0, None, {}, 0.0
+    total_loss, grads, sums, tokens, extremes = 0.0, None, {}, 0.0, {}
     for batch in batches:
         (loss, metrics), g = grad_fn(batch)
         g = tree_map(lambda x: x * scale, g)
@@ -69,7 +73,10 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
         total_loss += loss.item() * scale
         tokens += n.item()
         for key, v in metrics.items():
-            sums[key] = sums.get(key, 0.0) + v.item() * n.item()
+            if key.endswith(("_max", "/max", "/min")):
+                _keep_extreme(extremes, key, v.item())
+            else:
+                sums[key] = sums.get(key, 0.0) + v.item() * n.item()
     grads = world.average_gradients(grads)
     total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
     sums = dict(zip(sums, totals))
@@ -84,7 +91,19 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
     optimizer.update(model, grads)
     mx.eval(model.parameters(), optimizer.state)
     metrics = {key: v / max(tokens, 1.0) for key, v in sums.items()}
+    for key, v in extremes.items():  # over every rank: the min as minus the max of minus it
+        v = -world.max(-v) if key.endswith("/min") else world.max(v)
+        if math.isfinite(v):
+            metrics[key] = v
     return total_loss, grad_norm.item(), metrics
+
+
+def _keep_extreme(extremes: dict, key: str, value: float) -> None:
+    """A max or min metric combined over micro-batches as a max or min, not a token mean. A
+    micro-batch with no valid token reports +-inf, which loses to any real value (the key is
+    dropped when no micro-batch of any rank had one)."""
+    pick = min if key.endswith("/min") else max
+    extremes[key] = pick(extremes[key], value) if key in extremes else value
 
 
 def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> dict:

@@ -1,0 +1,60 @@
+"""The gap between the distribution tokens were sampled from and the one the loss scores, and
+the importance-sampling weights that correct for it (TRL's vLLM importance-sampling correction).
+
+With d[i,t] = trainer_logp[i,t] - sampling_logp[i,t] on completion tokens (the trainer's
+log-prob under the parameters that sampled, minus the sampler's own log-prob of the token):
+
+    token_truncate:  w[i,t] = clip(exp(d[i,t]), floor, cap)                          [N, T]
+    sequence_mask:   w[i]   = 1 if floor <= exp(sum_t m d[i,t]) <= cap else 0          [N, 1]
+
+as TRL 1.16 defines `vllm_importance_sampling_mode` = "token_truncate" / "sequence_mask" with
+`vllm_importance_sampling_clip_min` (floor; TRL's None is 0 here) and `_clip_max` (cap). The
+weights multiply the policy term of each token's loss, not the KL term. The sequence ratio is a
+product over tokens (TRL sums the log differences), not GSPO's geometric mean.
+
+Mismatch metrics, token means over the completion tokens:
+    sampling/logprob_diff_mean, sampling/logprob_diff_max: |d| (TRL's
+        sampling/sampling_logp_difference/mean and /max)
+    sampling/kl: mean of exp(d) - d - 1, the k3 estimate of KL(sampler || trainer) from tokens
+        drawn by the sampler (unbiased, never negative).
+"""
+
+import mlx.core as mx
+
+CORRECTIONS = ("none", "token_truncate", "sequence_mask")
+
+
+def mismatch_metrics(trainer_logp, sampling_logp, mask) -> dict:
+    """The gap metrics of one micro-batch; trainer_logp, sampling_logp, mask: [N, T]."""
+    d = mx.stop_gradient(trainer_logp - sampling_logp) * mask
+    tokens = mx.maximum(mask.sum(), 1.0)
+    return {
+        "sampling/logprob_diff_mean": mx.abs(d).sum() / tokens,
+        "sampling/logprob_diff_max": mx.abs(d).max(),
+        "sampling/kl": ((mx.exp(d) - d - 1.0) * mask).sum() / tokens,
+    }
+
+
+def importance_weights(trainer_logp, sampling_logp, mask, mode: str, cap: float, floor: float = 0.0):
+    """(weights, metrics): [N, T] (token_truncate) or [N, 1] (sequence_mask) constants that
+    multiply the per-token loss, and their min/mean/max (and the masked share) over the
+    completion tokens, or over the completions with at least one token."""
+    if mode not in CORRECTIONS[1:]:
+        raise ValueError(f"importance_sampling_correction must be one of {', '.join(CORRECTIONS)}, got {mode!r}")
+    d = mx.stop_gradient(trainer_logp - sampling_logp) * mask  # (N, T)
+    if mode == "token_truncate":
+        weights = mx.clip(mx.exp(d), floor, cap)
+        valid = mask > 0
+    else:
+        ratio = mx.exp(d.sum(-1, keepdims=True))  # (N, 1); inf past float range, then masked
+        weights = ((ratio >= floor) & (ratio <= cap)).astype(mx.float32)
+        valid = mask.sum(-1, keepdims=True) > 0
+    count = mx.maximum(valid.sum(), 1)
+    metrics = {
+        "sampling/importance_sampling_ratio/mean": mx.where(valid, weights, 0.0).sum() / count,
+        "sampling/importance_sampling_ratio/min": mx.where(valid, weights, mx.inf).min(),
+        "sampling/importance_sampling_ratio/max": mx.where(valid, weights, -mx.inf).max(),
+    }
+    if mode == "sequence_mask":
+        metrics["sampling/importance_sampling_masked_frac"] = (valid & (weights == 0)).sum() / count
+    return weights, metrics

@@ -186,9 +186,20 @@ def test_wrong_type_in_file_names_the_file(tmp_path):
     ("grpo.epsilon_high=0", "grpo.epsilon_high must be > 0, got 0.0"),
     ("model.quantize_bits=3", "model.quantize_bits must be one of 0, 4, 8, got 3"),
     ("model.dtype=fp16", "model.dtype must be one of 'auto', 'float32', 'float16', 'bfloat16', got 'fp16'"),
+    ("generation.quantize_bits=2", "generation.quantize_bits must be one of 0, 4, 8, got 2"),
+    ("grpo.importance_sampling_correction=token_mask",
+     "grpo.importance_sampling_correction must be one of 'auto', 'none', 'token_truncate', 'sequence_mask'"),
+    ("grpo.importance_sampling_cap=0", "grpo.importance_sampling_cap must be > 0, got 0.0"),
+    ("grpo.importance_sampling_floor=-1", "grpo.importance_sampling_floor must be >= 0, got -1.0"),
 ])
 def test_out_of_range(override, expected):
     assert expected in error(None, [override])
+
+
+def test_importance_sampling_band_and_quantized_rollouts_of_a_quantized_policy():
+    assert error(None, ["grpo.importance_sampling_floor=3"]) == (
+        "grpo.importance_sampling_floor must be < grpo.importance_sampling_cap (3.0), got 3.0")
+    assert "QLoRA" in error(None, ["model.quantize_bits=4", "lora.enabled=true", "generation.quantize_bits=8"])
 
 
 def test_zero_means_off_where_documented():

@@ -119,7 +119,8 @@ KNOWN_BAD = [
     ("grpo.num_iterations", 0), ("training.max_steps", 0), ("training.prompts_per_step", 0),
     ("training.learning_rate", 0.0), ("training.lr_schedule", "step"), ("training.adam_betas", [0.9]),
     ("training.max_bad_steps", -1), ("training.warmup_steps", 1.5), ("logging.log_every", 0), ("checkpoint.save_every", 0),
-    ("checkpoint.keep_last", 0),
+    ("checkpoint.keep_last", 0), ("generation.quantize_bits", 16), ("grpo.importance_sampling_correction", "token"),
+    ("grpo.importance_sampling_cap", 0.0), ("grpo.importance_sampling_floor", -0.5),
 ]
 BROKEN_TOML = [
     "[training", "seed = ", "seed = 1\nseed = 2", 'output_dir = "no end', "[training]\nmax_steps = 1_",

@@ -19,6 +19,7 @@ from mlx_grpo.models.adapters import load_adapter_weights
 from mlx_grpo.models.load import add_adapters, checkpoint_layers, load_base
 from mlx_grpo.models.reference import load_reference
 from mlx_grpo.rewards import RewardSet
+from mlx_grpo.rollout.quantized import QuantizedRollouts
 from mlx_grpo.rollout.sample import make_rollout_sampler
 from mlx_grpo.rollout.score import SamplingSettings
 from mlx_grpo.update.optimizer import make_optimizer
@@ -70,6 +71,13 @@ class Trainer:
     settings: UpdateSettings
     optimizer: object
     grad_fn: Callable  # batch -> ((loss, metrics), grads), made once so a compiled one keeps its traces
+    quantized: QuantizedRollouts | None = None  # generation.quantize_bits: the copy that samples
+
+    def rollout_model(self):
+        """The model that samples: the policy, or its quantized copy as of the last update. The
+        policy is put in eval mode either way: the update's constant log-probs are scored in it."""
+        self.model.eval()
+        return self.quantized.model_for(self.model, self.optimizer) if self.quantized else self.model
 
 
 def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None) -> Trainer:
@@ -88,4 +96,5 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
         sampler=make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p),
         sampling=SamplingSettings.from_config(cfg), settings=settings,
         optimizer=make_optimizer(cfg.training, total_updates), grad_fn=make_update_grad_fn(model, settings),
+        quantized=QuantizedRollouts(gen.quantize_bits) if gen.quantize_bits else None,
     )

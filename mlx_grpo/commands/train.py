@@ -115,7 +115,7 @@ def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: i
     and scored."""
     def draw(n: int) -> ScoredRollout:
         examples = local_share(stream.take(n * world.size), prompts_per_step, world)
-        return sample_and_score(tr.model, tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling)
+        return sample_and_score(tr.rollout_model(), tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling)
     return draw
 
 

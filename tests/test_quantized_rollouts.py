@@ -69,3 +69,12 @@ def test_copy_samples_and_is_rebuilt_after_each_update(tmp_path):
     changed = [k for k in before if not np.array_equal(before[k], np.array(after[k]))]
     assert len(changed) > len(before) // 2, changed  # the update moved every weight matrix
     assert sample_and_score(second, tr.tokenizer, tr.examples[2:4], rewards, tr.sampler, tr.sampling).rewards
+
+
+def test_building_a_copy_leaves_the_sampling_stream_alone():
+    policy = build_policy(load_config(None, []))[0]
+    mx.random.seed(7)
+    plain = mx.random.uniform(shape=(4,))
+    mx.random.seed(7)
+    quantize_policy(policy, 8)
+    assert mx.array_equal(mx.random.uniform(shape=(4,)), plain).item()

@@ -9,6 +9,8 @@ policy as it is now. The loss still scores the float policy; the gap between the
 the importance-sampling correction (algorithm/mismatch.py) weights away.
 """
 
+from contextlib import contextmanager
+
 import mlx.core as mx
 import mlx.nn as nn
 from mlx.utils import tree_flatten
@@ -29,22 +31,38 @@ def fused_weights(policy) -> dict:
     return weights
 
 
+@contextmanager
+def _sampling_stream_kept():
+    """Building a model splits MLX's global key for its initial weights even though they are never
+    computed; putting the key back keeps the rollouts' random stream independent of how many
+    copies were built (an MLX key [hi, lo] is the key that seed(hi << 32 | lo) makes)."""
+    key = mx.random.state[0]
+    mx.eval(key)
+    hi, lo = key.tolist()
+    try:
+        yield
+    finally:
+        mx.random.seed((hi << 32) | lo)
+
+
 def quantize_policy(policy, bits: int, group_size: int = GROUP_SIZE):
     """A new model of the policy's architecture holding its fused weights, quantized, in eval mode.
 
-    The new model's random initial weights are never computed: MLX is lazy and they are
-    replaced before anything is evaluated.
+    The new model's random initial weights (and those of the quantized layers that replace its
+    linear ones) are never computed: MLX is lazy and they are replaced before anything is
+    evaluated; nor do they move the sampling stream.
     """
-    copy = type(policy)(policy.args)
-    copy.load_weights(list(fused_weights(policy).items()))
-    own = getattr(copy, "quant_predicate", None)
+    own = getattr(policy, "quant_predicate", None)
 
     def predicate(path, module):
         if not hasattr(module, "to_quantized") or module.weight.shape[-1] % group_size:
             return False
         return own(path, module) if own is not None else True
 
-    nn.quantize(copy, group_size, bits, class_predicate=predicate)
+    with _sampling_stream_kept():
+        copy = type(policy)(policy.args)
+        copy.load_weights(list(fused_weights(policy).items()))
+        nn.quantize(copy, group_size, bits, class_predicate=predicate)
     copy.freeze()
     copy.eval()
     mx.eval(copy.parameters())

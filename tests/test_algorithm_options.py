@@ -11,6 +11,7 @@ from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.run.log import read_metrics
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.commands.train import train
+from mlx_grpo.update.settings import UpdateSettings
 
 SMOKE = "configs/smoke_test.toml"
 FAST = ["training.max_steps=2", "training.prompts_per_step=2", "generation.max_new_tokens=32",
@@ -113,16 +114,20 @@ def test_readme_algorithm_commands_parse_and_set_the_options():
     from mlx_grpo.cli import build_parser
 
     text = Path("README.md").read_text().split("## Algorithm options", 1)[1].split("\n## ", 1)[0]
-    commands = [b.replace("\\\n", " ") for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
-    assert len(commands) == 3
+    blocks = [b.replace("\\\n", " ") for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
+    commands = [line for b in blocks for line in b.splitlines() if line.startswith("uv run mlx-grpo ")]
+    assert len(blocks) == 4 and len(commands) == 5
     parser, _ = build_parser()
-    seen = {}
+    seen, corrections = {}, []
     for line in commands:
         args = parser.parse_args(["train", *shlex.split(line)[3:]])  # drop "uv run mlx-grpo"
-        g = load_config(args.config, args.overrides).grpo
+        cfg = load_config(args.config, args.overrides)
+        g = cfg.grpo
         seen.update({k: getattr(g, k) for k in ("importance_sampling_level", "overlong_penalty",
                                                 "top_entropy_quantile") if getattr(g, k) != getattr(type(g)(), k)})
+        corrections.append(UpdateSettings.from_config(cfg).importance_sampling_correction)
     assert seen == {"importance_sampling_level": "sequence", "overlong_penalty": 1.0, "top_entropy_quantile": 0.2}
+    assert corrections == ["none"] * 3 + ["token_truncate"] * 2  # top_p = 0.7 and an 8-bit copy turn it on
 
 
 def test_readme_training_commands_run_one_after_another():

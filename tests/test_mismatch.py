@@ -172,3 +172,23 @@ def test_keeping_the_logprobs_leaves_the_tokens_alone(tiny):
 ])
 def test_auto_turns_the_correction_on_only_when_the_distributions_differ(overrides, mode):
     assert UpdateSettings.from_config(load_config(None, overrides)).importance_sampling_correction == mode
+
+
+def test_update_combines_micro_batches_into_step_means_and_extremes(tiny):
+    """Split into micro-batches of 2 sequences, the step still logs the token mean of |d| over
+    all tokens, and the max (and the weights' min and max) over all of them."""
+    from mlx_grpo.commands.setup import build_policy
+    import mlx.optimizers as optim
+    from mlx_grpo.update.step import optimize
+
+    r, trainer, sampler, mask = _sample(tiny, 1.0, top_p=0.7)
+    cfg = load_config(None, ["generation.top_p=0.7", "generation.num_generations=3", "training.prompts_per_step=2",
+                             "training.micro_batch_size=2", "generation.max_new_tokens=24"])
+    policy = build_policy(cfg)[0]  # a fresh copy of the fixture's model: the update moves it
+    metrics = optimize(policy, optim.SGD(learning_rate=0.0), None, r, [1.0, 0.0, 0.5, 0.0, 1.0, 1.0], cfg)
+    whole = {**mismatch_metrics(trainer, sampler, mask),
+             **importance_weights(trainer, sampler, mask, "token_truncate", cap=3.0)[1]}
+    for key in ("sampling/logprob_diff_mean", "sampling/logprob_diff_max", "sampling/kl",
+                "sampling/importance_sampling_ratio/mean", "sampling/importance_sampling_ratio/min",
+                "sampling/importance_sampling_ratio/max"):
+        assert metrics[key] == pytest.approx(whole[key].item(), rel=1e-4, abs=1e-6), key

@@ -78,3 +78,16 @@ def test_building_a_copy_leaves_the_sampling_stream_alone():
     mx.random.seed(7)
     quantize_policy(policy, 8)
     assert mx.array_equal(mx.random.uniform(shape=(4,)), plain).item()
+
+
+def test_a_run_samples_from_the_copy_and_logs_the_correction(tmp_path):
+    from mlx_grpo.commands.train import train
+    from mlx_grpo.run.log import read_metrics
+
+    cfg = load_config("configs/smoke_test.toml", FAST + [
+        "generation.quantize_bits=4", "training.max_steps=2", f'output_dir="{tmp_path}"'])
+    train(cfg)
+    rows = read_metrics(tmp_path)
+    # a 4-bit copy samples: its gap to the float policy is there, and the weights answer it
+    assert all(r["sampling/logprob_diff_mean"] > 1e-4 and r["sampling/importance_sampling_ratio/min"] < 1
+               for r in rows)

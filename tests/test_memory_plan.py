@@ -87,3 +87,13 @@ def test_predictions_within_15_percent_of_real_runs_on_tiny():
     assert len(rows) >= 6
     worst = max(rows, key=lambda r: abs(r["error"]))
     assert abs(worst["error"]) <= 0.15, worst
+
+
+def test_a_quantized_rollout_copy_is_held_beside_the_weights(tiny_path):
+    shape = read_model_shape(tiny_path)
+    full = predict(shape, run_shape(load_config(SMOKE, [])))
+    q8 = predict(shape, run_shape(load_config(SMOKE, ["generation.quantize_bits=8"])))
+    # builtin:tiny: 827,648 parameters in the embedding and the 4 x 7 linear weights, at 1 byte
+    # plus a float32 scale and bias per 64: 1.125 bytes; 2,176 in biases and norms stay float32
+    assert full["rollout copy"] == 0 and q8["rollout copy"] == 827_648 * 1.125 + 2_176 * 4 == 939_808
+    assert q8["peak"] == full["peak"] + 939_808

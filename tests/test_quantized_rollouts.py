@@ -91,3 +91,13 @@ def test_a_run_samples_from_the_copy_and_logs_the_correction(tmp_path):
     # a 4-bit copy samples: its gap to the float policy is there, and the weights answer it
     assert all(r["sampling/logprob_diff_mean"] > 1e-4 and r["sampling/importance_sampling_ratio/min"] < 1
                for r in rows)
+
+
+def test_a_model_stored_quantized_is_refused(tiny_path, tmp_path):
+    from mlx_grpo.errors import TrainingError
+    from mlx_grpo.models.load import quantized_copy
+
+    folder = quantized_copy(tiny_path, 4, 64, "float32")  # as a hub model stored in 4 bits would be
+    cfg = load_config(None, [f'model.path="{folder}"', "lora.enabled=true", "generation.quantize_bits=8"])
+    with pytest.raises(TrainingError, match="stored quantized.*generation.quantize_bits = 0"):
+        setup(cfg, total_updates=1)

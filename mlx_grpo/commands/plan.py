@@ -12,7 +12,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.models.memory import GB, PlanError, predict, read_model_shape, run_shape, suggestions
 
-PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout KV cache", "update activations",
+PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout copy", "rollout KV cache", "update activations",
           "logits", "rollout", "update")
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import mlx.core as mx
+import mlx.nn as nn
 
 from mlx_grpo.data.load import Example, load_examples
 from mlx_grpo.distributed import SINGLE, World, sampling_seed, sync_parameters
@@ -84,6 +85,11 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
     the sampling streams start from the seed."""
     model, tokenizer, base_path, num_layers = build_policy(cfg)
+    if cfg.generation.quantize_bits and any(isinstance(m, nn.QuantizedLinear) for m in model.modules()):
+        raise TrainingError(
+            f"generation.quantize_bits: {cfg.model.path} is stored quantized, so its rollouts already run on "
+            "quantized weights; set generation.quantize_bits = 0"
+        )
     ref_model = load_reference(cfg.model, base_path, beta=cfg.grpo.beta, lora=cfg.lora.enabled)
     sync_parameters(model, world)
     # Loading models draws random numbers (layer init before the weights arrive), and how many

@@ -176,6 +176,7 @@ class RunShape:
     part_rows: int  # sequences of one accumulation part: prompts_per_step * G
     micro_batch: int  # 0 = the whole part
     grad_checkpoint: bool
+    rollout_bits: int = 0  # generation.quantize_bits: a quantized copy of the policy samples; 0 = none
 
 
 def run_shape(cfg, dtype: str = "float32") -> RunShape:
@@ -189,7 +190,7 @@ def run_shape(cfg, dtype: str = "float32") -> RunShape:
         sequences=t.prompts_per_step * t.gradient_accumulation_steps * gen.num_generations,
         decode_batch=gen.batch_size, max_prompt=cfg.data.max_prompt_tokens, max_new=gen.max_new_tokens,
         part_rows=t.prompts_per_step * gen.num_generations, micro_batch=t.micro_batch_size,
-        grad_checkpoint=t.grad_checkpoint,
+        grad_checkpoint=t.grad_checkpoint, rollout_bits=gen.quantize_bits,
     )
 
 
@@ -206,6 +207,9 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     adapters = trainable * b if run.lora else 0.0
     optimizer = 2 * trainable * b  # AdamW's two moments, in the parameters' dtype
     reference = weights if run.beta > 0 and not run.lora else 0.0
+    # generation.quantize_bits: the quantized copy (rollout/quantized.py, group size 64) is held
+    # from one update to the next; the formula, not a measurement
+    copy = weight_bytes(shape, b, run.rollout_bits, 64) if run.rollout_bits else 0.0
     decoding = min(run.decode_batch or run.sequences, run.sequences)
     slots = _pad(run.max_prompt + run.max_new, KV_STEP)
     kv = decoding * slots * shape.layers * shape.kv_heads * shape.head_dim * 2 * b
@@ -221,9 +225,9 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     logits = rows * T * shape.vocab * 4 * LOGIT_COPIES
     phases = {
         "weights": weights, "adapters": adapters, "optimizer state": optimizer, "reference": reference,
-        "rollout KV cache": kv * ROLLOUT_FACTOR, "update activations": activations, "logits": logits,
+        "rollout copy": copy, "rollout KV cache": kv * ROLLOUT_FACTOR, "update activations": activations, "logits": logits,
     }
-    held = weights + adapters + optimizer + reference
+    held = weights + adapters + optimizer + reference + copy
     phases["rollout"] = held + phases["rollout KV cache"]
     phases["update"] = held + activations + logits
     phases["peak"] = max(phases["rollout"], phases["update"])

@@ -52,8 +52,10 @@ def generate_completions(
     max_new_tokens: int,
     sampler,
     batch_size: int = 0,
+    on_progress=None,
 ) -> Rollout:
-    """Sample `num_generations` completions for each prompt, all decoded in one batch."""
+    """Sample `num_generations` completions for each prompt, all decoded in one batch;
+    on_progress(tokens sampled, sequences finished, sequences) is called after each decode step."""
     eos = sorted(tokenizer.eos_token_ids)
     n = len(prompts) * num_generations
     gen = BatchGenerator(
@@ -71,12 +73,15 @@ def generate_completions(
             caches = [cache] * num_generations if len(prompt) > 1 else None
             uids += gen.insert([prompt[-1:]] * num_generations, caches=caches)
         tokens = {uid: [] for uid in uids}
-        finish = {}
+        finish, sampled = {}, 0
         while responses := gen.next_generated():
             for r in responses:
                 tokens[r.uid].append(r.token)
                 if r.finish_reason is not None:
                     finish[r.uid] = r.finish_reason
+            if on_progress:
+                sampled += len(responses)
+                on_progress(sampled, len(finish), n)
     finally:
         gen.close()
     eos_set = set(eos)

@@ -71,13 +71,16 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
     )
 
 
-def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings) -> ScoredRollout:
-    """G completions per example, scored; DAPO's overlong penalty added when it is on."""
+def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings,
+                     on_progress=None) -> ScoredRollout:
+    """G completions per example, scored; DAPO's overlong penalty added when it is on.
+    on_progress: as generate_completions takes it."""
     G = s.num_generations
     model.eval()
     rollout = generate_completions(
         model, tokenizer, [e.prompt_tokens for e in examples],
         num_generations=G, max_new_tokens=s.max_new_tokens, sampler=sampler, batch_size=s.batch_size,
+        on_progress=on_progress,
     )
     questions = [e.question for e in examples for _ in range(G)]
     answers = [e.answer for e in examples for _ in range(G)]

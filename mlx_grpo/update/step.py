@@ -54,9 +54,10 @@ def make_update_grad_fn(model, settings):
     return make_grad_fn(model, make_loss_fn(s), compiled=COMPILE_STEP and not s.shared_prefix)
 
 
-def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
+def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=None):
     """One optimizer update from the accumulated gradients of all micro-batches (of all ranks);
-    returns (loss, grad_norm, loss metrics). A NaN or inf raises before the update is applied."""
+    returns (loss, grad_norm, loss metrics). A NaN or inf raises before the update is applied.
+    on_batch() is called after each micro-batch's forward and backward."""
     s = UpdateSettings.of(settings)
     scale = 1.0 / s.accumulation_steps if DIVIDES_BY_ACCUMULATION[s.loss_type] else 1.0
     total_loss, grads, sums, tokens = 0.0, None, {}, 0.0
@@ -70,6 +71,8 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
         tokens += n.item()
         for key, v in metrics.items():
             sums[key] = sums.get(key, 0.0) + v.item() * n.item()
+        if on_batch:
+            on_batch()
     grads = world.average_gradients(grads)
     total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
     sums = dict(zip(sums, totals))
@@ -87,8 +90,9 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
     return total_loss, grad_norm.item(), metrics
 
 
-def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> dict:
+def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_progress=None) -> dict:
     """num_iterations optimizer updates on prepared micro-batches; returns their metrics.
+    on_progress(micro-batches done, micro-batches in all the updates) follows each micro-batch.
 
     The first update is on-policy, its ratio exp(logp - stop_gradient(logp)) exactly 1, as
     with num_iterations = 1: no parameter has moved yet. The stored old_logp (the sampling
@@ -99,9 +103,17 @@ def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> d
     model.train()
     losses, norms = [], []
     on_policy = [replace(b, old_logp=None) for b in batches]
+    done, total = 0, s.num_iterations * len(batches)
+
+    def on_batch():
+        nonlocal done
+        done += 1
+        on_progress(done, total)
+
     for i in range(s.num_iterations):
         parts = on_policy if i == 0 else batches
-        loss, grad_norm, loss_metrics = update(model, optimizer, parts, grad_fn, s, world)
+        loss, grad_norm, loss_metrics = update(model, optimizer, parts, grad_fn, s, world,
+                                               on_batch=on_batch if on_progress else None)
         lr = optimizer.learning_rate.item()  # the rate this update used
         losses.append(loss)
         norms.append(grad_norm)
@@ -111,10 +123,12 @@ def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> d
     }
 
 
-def optimize(model, optimizer, ref_model, rollout, rewards, settings, world=SINGLE, grad_fn=None) -> dict:
+def optimize(model, optimizer, ref_model, rollout, rewards, settings, world=SINGLE, grad_fn=None,
+             on_progress=None) -> dict:
     """The whole update stage on one step's scored completions: advantages, micro-batches and
-    their constants, then num_iterations updates; returns the update's metrics."""
+    their constants, then num_iterations updates; returns the update's metrics (on_progress: as
+    run_updates takes it)."""
     s = UpdateSettings.of(settings)
     grad_fn = grad_fn or make_update_grad_fn(model, s)
     batches = prepare_batches(model, ref_model, rollout, rewards, s, world)
-    return run_updates(model, optimizer, batches, grad_fn, s, world)
+    return run_updates(model, optimizer, batches, grad_fn, s, world, on_progress)

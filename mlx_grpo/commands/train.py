@@ -37,6 +37,7 @@ from mlx_grpo.run.log import (
 )
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
+from mlx_grpo.run.trackers import Trackers, check_installed
 from mlx_grpo.run.watch import RunWatcher
 from mlx_grpo.update.step import optimize
 
@@ -62,6 +63,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     reward_set = reward_set or make_rewards(cfg, config_path)
+    if world.is_main:
+        check_installed(cfg.logging.report_to)  # before any model loads
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo
@@ -227,12 +230,14 @@ class StepLog:
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
         self.watcher = RunWatcher.from_config(cfg.logging)
+        self.trackers = Trackers(cfg, say)  # logging.report_to: each gets what metrics.jsonl gets
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
 
     def write(self, metrics: dict, drawn, console: Console, trained: bool) -> None:
         """The step's row and samples on file; on the console its line (every log_every steps),
         then its eval line, then any warnings."""
         self.metrics.write(metrics)
+        self.trackers.log(metrics)
         console.done(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
         step = metrics["step"]
         if step % self.every == 0 and trained:
@@ -240,8 +245,9 @@ class StepLog:
             for i in range(min(self.completions, len(drawn.rollout.texts))):
                 sample = format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i], width())
                 console.print("\n".join(sample))
-            self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
-                               self.completions)
+            rows = self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
+                                      self.completions)
+            self.trackers.samples(step, rows)
         if any(key.startswith("eval/") for key in metrics):
             console.print("\n".join(format_eval(metrics, width())))
         for warning in self.watcher.update(metrics):
@@ -249,6 +255,7 @@ class StepLog:
 
     def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
         """The end-of-run summary; after a clean stop too."""
+        self.trackers.close()
         if self.watcher.summary():
             say(self.watcher.summary())
         warnings = sum(self.watcher.counts.values())

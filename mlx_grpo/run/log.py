@@ -36,14 +36,15 @@ class CompletionLog:
         if fresh:
             self.path.write_text("")
 
-    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int):
-        """The first `count` samples of a step; per_name maps each reward's name to its scores."""
+    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int) -> list[dict]:
+        """The first `count` samples of a step; per_name maps each reward's name to its scores.
+        Returns the rows written."""
+        rows = [{"step": step, "prompt": prompts[i], "completion": completions[i], "reward": float(rewards[i]),
+                 "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
+                for i in range(min(count, len(completions)))]
         with self.path.open("a") as f:
-            for i in range(min(count, len(completions))):
-                row = {"step": step, "prompt": prompts[i], "completion": completions[i],
-                       "reward": float(rewards[i]),
-                       "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
-                f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        return rows
 
 
 def read_jsonl(path, damaged: list[int] | None = None) -> list[dict]:

@@ -22,7 +22,9 @@ from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
-from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
+from mlx_grpo.distributed import (
+    allreduce_bytes, check_world, init_world, local_share, lost_rank, sampling_seed,
+)
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
@@ -54,9 +56,14 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     """
     world = init_world()
     check_world(cfg, world)
-    # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
-    with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
-        return _train(cfg, config_path, world, overwrite, force, reward_set, rows)
+    try:
+        # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
+        with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
+            return _train(cfg, config_path, world, overwrite, force, reward_set, rows)
+    except RuntimeError as e:  # another rank stopped: one line here, its own reason is in its output
+        if (lost := lost_rank(e, world)) is None:
+            raise
+        raise lost from e
 
 
 def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows) -> Path:

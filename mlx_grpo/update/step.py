@@ -104,6 +104,8 @@ def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_p
     losses, norms = [], []
     on_policy = [replace(b, old_logp=None) for b in batches]
     done, total = 0, s.num_iterations * len(batches)
+    if on_progress:  # the update has begun: its first micro-batch can take long
+        on_progress(0, total)
 
     def on_batch():
         nonlocal done

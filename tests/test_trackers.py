@@ -49,6 +49,8 @@ def reported(tmp_path_factory):
     assert proc.returncode == 0, proc.stderr[-3000:]
     for name in INSTALLED:
         assert proc.stdout.count(f"mlx-grpo: reporting to {name}") == 1, proc.stdout
+    # one line of ours per tracker, none of their banners (trackio's at start and at exit)
+    assert "* " not in proc.stdout and "wandb:" not in proc.stdout + proc.stderr, proc.stdout
     return out, trackio_dir
 
 

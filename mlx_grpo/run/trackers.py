@@ -109,7 +109,7 @@ class WandB:
         settings = self.wandb.Settings(silent=True, console="off")
         self.run = self.wandb.init(project=project, name=run_name, dir=str(out), config=config, settings=settings)
         self.where = f"wandb run {self.run.name} in project {project}" + (
-            f" (offline, in {self.run.dir})" if self.run.settings.mode == "offline" else f": {self.run.url}")
+            f" (offline, in {Path(self.run.dir).parent})" if self.run.settings.mode == "offline" else f": {self.run.url}")
 
     def log(self, step: int, metrics: dict) -> None:
         self.run.log(_scalars(metrics), step=step)
@@ -139,8 +139,10 @@ class Trackio:
         self.run.log({"completions": table}, step=step)
 
     def close(self) -> None:
+        # trackio.finish, not run.finish: it also forgets the run, which trackio would
+        # otherwise finish (and announce) again at exit.
         with contextlib.redirect_stdout(io.StringIO()):
-            self.run.finish()
+            self.trackio.finish()
 
 
 TRACKERS = {"tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio}

@@ -17,6 +17,7 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
+
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
@@ -141,7 +142,7 @@ def sample(draw, step: int, groups: int, accumulation_steps: int, dynamic_sampli
     kept, parts = fit_parts(kept, accumulation_steps)
     if not kept.rewards:
         say(f"step {step}: no group had reward spread in {metrics['dynamic_sampling/rounds']} rounds; "
-                   "update skipped")
+            "update skipped")
     return kept, drawn, metrics, parts
 
 
@@ -222,7 +223,7 @@ def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int,
             f"{last}; training.max_bad_steps = {max_bad} allows skipping that many bad steps"
         ) from error
     say(f"mlx-grpo: step {step}: non-finite {error.metric} ({error.value}); update skipped "
-               f"({bad_steps} of training.max_bad_steps = {max_bad})")
+        f"({bad_steps} of training.max_bad_steps = {max_bad})")
     return bad_steps
 
 

@@ -175,3 +175,17 @@ def test_trackio_local_store_holds_the_metrics_config_and_samples(reported):
         want = [r for r in read_jsonl(out / "completions.jsonl") if r["step"] == step]
         assert table["_value"] == [{"step": r["step"], "prompt": r["prompt"], "completion": r["completion"],
                                     "reward": r["reward"]} for r in want]
+
+
+@needs("wandb")
+def test_a_tracker_that_cannot_start_stops_the_run_with_one_line(tmp_path):
+    # W&B online with no login: wandb.init raises; the run stops naming the tracker and the cause
+    env = {k: v for k, v in os.environ.items() if not k.startswith("WANDB_")}
+    env.update(HOME=str(tmp_path), WANDB_DIR=str(tmp_path))  # no ~/.netrc key either
+    sets = [*FAST, f'output_dir="{tmp_path / "run"}"', 'logging.report_to=["wandb"]']
+    proc = subprocess.run([sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",
+                           *[x for s in sets for x in ("--set", s)]], cwd=ROOT, env=env, capture_output=True,
+                          text=True, timeout=300, stdin=subprocess.DEVNULL)
+    assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
+    assert proc.stderr.splitlines()[-1].startswith(
+        "mlx-grpo: error: logging.report_to: wandb could not start: UsageError: No API key configured"), proc.stderr

@@ -156,9 +156,15 @@ class Trackers:
         out = Path(cfg.output_dir)
         name = log.run_name or out.resolve().name
         config = asdict(cfg)
-        self.open = [TRACKERS[t](out, name, log.project, config) for t in log.report_to]
-        for tracker in self.open:
-            say(f"mlx-grpo: reporting to {tracker.where}")
+        self.open = []
+        for t in log.report_to:
+            try:
+                self.open.append(TRACKERS[t](out, name, log.project, config))
+            except TrackerError:
+                raise
+            except Exception as e:  # e.g. W&B online without a login or a network: one line, naming it
+                raise TrackerError(f"logging.report_to: {t} could not start: {type(e).__name__}: {e}") from e
+            say(f"mlx-grpo: reporting to {self.open[-1].where}")
 
     def log(self, metrics: dict) -> None:
         for tracker in self.open:

@@ -78,6 +78,15 @@ def test_a_tracker_that_is_not_installed_stops_the_run_with_the_line_that_instal
     assert not (tmp_path / "run" / "metrics.jsonl").exists()  # stopped before the run began
 
 
+def test_several_missing_trackers_are_named_in_one_line(tmp_path, capsys, monkeypatch):
+    for name in ("tensorboard", "trackio"):
+        monkeypatch.setitem(sys.modules, EXTRAS[name], None)
+    sets = [*FAST, f'output_dir="{tmp_path / "run"}"', 'logging.report_to=["tensorboard", "trackio"]']
+    assert cli.main(["train", "--config", "configs/smoke_test.toml", *[x for s in sets for x in ("--set", s)]]) == 2
+    one_line_error(capsys, "logging.report_to names 'tensorboard', 'trackio', which are not installed: "
+                           "`uv sync --extra tensorboard --extra trackio` installs them")
+
+
 @needs("tensorboard")
 def test_tensorboard_event_files_hold_the_metrics_config_and_samples(reported):
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator

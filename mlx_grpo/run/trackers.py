@@ -40,9 +40,20 @@ def require(name: str):
 
 
 def check_installed(report_to: list[str]) -> None:
-    """Stop now, before any model loads, when a named tracker is not installed."""
+    """Stop now, before any model loads, when a named tracker is not installed; the line names
+    every missing one and the one command that installs them all."""
+    missing = []
     for name in report_to:
-        require(name)
+        try:
+            require(name)
+        except TrackerError as e:
+            missing.append((name, e))
+    if len(missing) == 1:
+        raise missing[0][1]
+    if missing:
+        names = ", ".join(repr(n) for n, _ in missing)
+        extras = " ".join(f"--extra {n}" for n, _ in missing)
+        raise TrackerError(f"logging.report_to names {names}, which are not installed: `uv sync {extras}` installs them")
 
 
 def _scalars(metrics: dict) -> dict[str, float]:

@@ -22,6 +22,7 @@ COMMANDS = {  # name: (module, one-line help)
              "predict the peak memory of each phase of a profile (no weights loaded); exit 1 if it does not fit"),
     "bench": ("mlx_grpo.commands.bench",
               "seconds per step against MLX's own limit on the same work (see scripts/bench.py)"),
+    "launch": ("mlx_grpo.commands.launch", "mlx.launch that fails when a rank fails: launch -n 2 -- mlx-grpo train ..."),
 }
 
 
@@ -48,6 +49,8 @@ def main(argv=None):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "train")
+    if argv[:1] == ["launch"] and argv[1:2] not in (["-h"], ["--help"]):
+        argv.insert(1, "--")  # mlx.launch's options (-n 2 ...) are its own, not this parser's
     parser, runners = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

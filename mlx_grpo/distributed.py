@@ -17,6 +17,7 @@ all-reduce per update, plus a few scalars and the step's rewards and lengths.
 
 from dataclasses import dataclass
 import os
+import re
 
 import mlx.core as mx
 from mlx.nn.utils import average_gradients
@@ -95,6 +96,15 @@ def init_world() -> World:
             )
         return SINGLE
     return World(group.rank(), group.size(), group)
+
+
+def lost_rank(error: RuntimeError, world: World) -> TrainingError | None:
+    """The one-line error for a collective that failed because another rank stopped (MLX's
+    backends prefix theirs with the backend's name, e.g. "[ring] connection to a peer was
+    lost"); None for any other error, which keeps its traceback."""
+    if world.size == 1 or not re.match(r"\[\w+\] ", str(error)):
+        return None
+    return TrainingError(f"rank {world.rank}: {error}: another rank stopped first; its output says why")
 
 
 def check_world(cfg, world: World) -> None:

@@ -9,3 +9,14 @@ def one_line_error(capsys, *needles):
     for needle in needles:
         assert needle in lines[0], lines[0]
     return lines[0]
+
+
+def unwrap(text: str) -> list[str]:
+    """Console lines with their continuations (lines the console indents by 4 spaces) joined back on."""
+    lines = []
+    for line in text.splitlines():
+        if line.startswith("    ") and lines:
+            lines[-1] += " " + line.strip()
+        else:
+            lines.append(line)
+    return lines

@@ -145,9 +145,10 @@ def test_readme_training_commands_run_one_after_another():
     used, checked = set(), 0
     for line in lines:
         words = shlex.split(line, comments=True)
-        if "mlx-grpo" not in words:
+        programs = [i for i, w in enumerate(words) if w.endswith("mlx-grpo")]
+        if not programs:
             continue
-        words = words[words.index("mlx-grpo") + 1:]
+        words = words[programs[-1] + 1:]  # `mlx-grpo launch ... -- mlx-grpo train`: the launched command
         if not words or words[0] not in ("train", "--config"):
             continue
         args = parser.parse_args(["train", *words[words[0] == "train":]])

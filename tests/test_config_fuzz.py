@@ -98,7 +98,8 @@ CANDIDATES = {
     str: ["", "   ", "nope"],
 }
 LISTS = {"lora.target_modules": [[]], "training.adam_betas": [[], [0.9], [0.9, 1.0], [1.5, 0.2], [0.1, 0.2, 0.3]],
-         "data.dataset": ["", "   ", {}, {"train": ""}, {"": "a.jsonl"}, {"test": " "}]}
+         "data.dataset": ["", "   ", {}, {"train": ""}, {"": "a.jsonl"}, {"test": " "}],
+         "logging.report_to": [["tensorbord"], ["wandb", "wandb"], [""], ["TensorBoard"]]}
 
 
 def _out_of_range(dotted, hint):

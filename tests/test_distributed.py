@@ -3,6 +3,7 @@
 
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -159,14 +160,13 @@ def _launch_port() -> int:
 
 
 def _launch(run, *sets):
-    launcher = Path(sys.executable).parent / "mlx.launch"
-    cmd = [str(launcher), "-n", "2", "-p", str(_launch_port()), "--", sys.executable, "-m", "mlx_grpo",
+    cmd = [sys.executable, "-m", "mlx_grpo", "launch", "-n", "2", "-p", str(_launch_port()), "--",
+           sys.executable, "-m", "mlx_grpo",
            "train", "--config", "configs/smoke_test.toml", "--set", "training.prompts_per_step=2",
            "--set", "generation.max_new_tokens=24", "--set", "checkpoint.save_every=10",
            "--set", f'output_dir="{run}"', *sets]
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    # mlx.launch exits 0 even when a rank fails; it warns on stderr instead.
-    assert "exited with code" not in proc.stderr and "killed" not in proc.stderr, proc.stderr[-2000:]
+    assert proc.returncode == 0, proc.stderr[-2000:]  # mlx-grpo launch fails when a rank fails
     return proc
 
 
@@ -183,10 +183,41 @@ def test_mlx_launch_two_processes_write_one_log_and_checkpoint_and_resume(tmp_pa
     state = json.loads((ckpt / "trainer_state.json").read_text())
     assert (state["step"], state["data_position"]) == (2, 4)  # the one global stream: 2 steps x 2 prompts
     written = sorted(p.name for p in run.iterdir())
-    assert written == ["checkpoints", "completions.jsonl", "config.toml", "metrics.jsonl"]
+    assert written == [".lock", "checkpoints", "completions.jsonl", "config.toml", "metrics.jsonl"]  # rank 0 alone
 
     proc = _launch(run, "--set", "training.max_steps=3", "--resume")
     assert proc.stdout.count("resumed from") == 1
     assert [r["step"] for r in read_metrics(run)] == [1, 2, 3]
     state = json.loads((run / "checkpoints" / "step_000003" / "trainer_state.json").read_text())
     assert (state["step"], state["data_position"]) == (3, 6)
+
+
+def test_launch_fails_with_one_line_when_a_rank_fails(tmp_path):
+    # rank 0 refuses an output_dir that holds a run; rank 1, waiting on it, loses its peer
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text('{"step": 1, "reward": 1.0}\n')
+    cmd = [sys.executable, "-m", "mlx_grpo", "launch", "-n", "2", "-p", str(_launch_port()), "--",
+           sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",
+           "--set", f'output_dir="{run}"']
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 2, proc.stderr[-3000:]
+    assert "Traceback" not in proc.stderr and "[WARN]" not in proc.stderr, proc.stderr[-3000:]
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("mlx-grpo: error:")]
+    assert errors[0].startswith(f"mlx-grpo: error: output_dir: {run} already holds a run"), errors
+    # the launcher stops the other rank when it sees one end, so either may count as stopped
+    assert re.fullmatch(r"mlx-grpo: error: the launch failed: rank 0 (exited with code 2|was stopped), "
+                        r"rank 1 (exited with code 2|was stopped); each rank's own line above says why",
+                        errors[-1]), errors
+    assert "exited with code 2" in errors[-1]
+    # rank 1 says in one line why it stopped, when it got that far before being stopped
+    assert all(e.startswith("mlx-grpo: error: rank 1: [ring] ") for e in errors[1:-1]), errors
+
+
+def test_launch_of_ranks_that_succeed_exits_0(tmp_path):
+    cmd = [sys.executable, "-m", "mlx_grpo", "launch", "-n", "2", "-p", str(_launch_port()), "--",
+           sys.executable, "-c", "import mlx.core as mx; g = mx.distributed.init(); "
+           "print(g.rank(), g.size(), mx.distributed.all_sum(mx.ones(1)).item())"]
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert sorted(proc.stdout.splitlines()) == ["0 2 2.0", "1 2 2.0"]

@@ -33,5 +33,5 @@ def test_the_policy_loads_in_the_resolved_dtype(dtype, expected):
 def test_the_start_of_a_run_states_the_dtype(tmp_path, capsys):
     train(load_config("configs/smoke_test.toml", FAST + [f'output_dir="{tmp_path}"']))
     lines = [line for line in capsys.readouterr().out.splitlines() if "model.dtype" in line]
-    assert lines == ["mlx-grpo: model.dtype = auto: float32 on this backend (bfloat16 on Metal, "
+    assert lines == ["mlx-grpo: model.dtype = auto: float32 here (bfloat16 on Metal, "
                      "float32 on the CPU backend)"]

@@ -4,6 +4,7 @@ window, the best eval, the final checkpoint and the warnings count; after a clea
 import os
 import signal
 
+from checks import unwrap
 from mlx_grpo import cli
 from mlx_grpo.commands import train as train_mod
 from mlx_grpo.run.log import format_summary
@@ -49,7 +50,7 @@ def _sets(out):
 
 def test_a_run_ends_with_the_summary(tmp_path, capsys):
     assert cli.main(["train", "--config", "configs/smoke_test.toml", *_sets(tmp_path / "run")]) == 0
-    out = capsys.readouterr().out.splitlines()
+    out = unwrap(capsys.readouterr().out)
     start = next(i for i, line in enumerate(out) if line.startswith("mlx-grpo: done after step 3 of 3"))
     assert out[start + 1].startswith("mlx-grpo: reward ")
     assert out[-1] == f"mlx-grpo: final checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_000003'}"
@@ -66,6 +67,6 @@ def test_a_clean_stop_prints_the_summary(tmp_path, capsys, monkeypatch):
 
     monkeypatch.setattr(train_mod, "sample_and_score", sample_and_score)
     assert cli.main(["train", "--config", "configs/smoke_test.toml", *_sets(tmp_path / "run")]) == 130
-    out = capsys.readouterr().out
+    out = "\n".join(unwrap(capsys.readouterr().out))
     assert "mlx-grpo: stopped after step 2 of 3" in out
     assert f"mlx-grpo: final checkpoint {tmp_path / 'run' / 'checkpoints' / 'step_000002'}" in out

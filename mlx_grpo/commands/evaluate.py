@@ -29,6 +29,7 @@ from mlx_grpo.errors import UserError
 from mlx_grpo.data.load import load_examples
 from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
 from mlx_grpo.rng import capture_rng, restore_rng
+from mlx_grpo.run.console import cap_width
 from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
@@ -116,7 +117,7 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
     model.eval()
     k = settings.num_samples
     total = len(examples) * (2 if k > 1 else 1)
-    with tqdm(total=total, desc="eval", unit="prompt", disable=not progress, dynamic_ncols=True) as bar:
+    with cap_width(tqdm(total=total, desc="eval", unit="prompt", disable=not progress, dynamic_ncols=True)) as bar:
         greedy = [t[0] for t in _decode(model, tokenizer, examples, 1, make_rollout_sampler(0.0, 1.0, 0, 0.0),
                                         settings, bar)]
         sampled = None
@@ -169,9 +170,7 @@ def make_training_eval(cfg, tokenizer, reward_set):
         streams = capture_rng()
         result = evaluate(model, tokenizer, examples, reward_set, settings, progress=False)
         restore_rng(streams)
-        metrics = {f"eval/{k}": v for k, v in result["metrics"].items()}
-        tqdm.write(" | ".join(f"{k} {v:.3f}" if isinstance(v, float) else f"{k} {v}" for k, v in metrics.items()))
-        return metrics
+        return {f"eval/{k}": v for k, v in result["metrics"].items()}  # printed after the step's line
 
     return run
 

@@ -17,14 +17,15 @@ import time
 
 import mlx.core as mx
 from mlx.utils import tree_flatten
-from tqdm import tqdm
 
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
-from mlx_grpo.distributed import allreduce_bytes, check_world, init_world, local_share, sampling_seed
+from mlx_grpo.distributed import (
+    allreduce_bytes, check_world, init_world, local_share, lost_rank, sampling_seed,
+)
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
@@ -32,12 +33,14 @@ from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, CONFIG, DAMAGED_SUFFIX, METRICS, checkpoint_dir
+from mlx_grpo.run.console import Console, say, width
 from mlx_grpo.run.lock import lock_run_folder
 from mlx_grpo.run.log import (
-    CompletionLog, MetricsLog, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
+    CompletionLog, MetricsLog, format_eval, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
 )
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
+from mlx_grpo.run.trackers import Trackers, check_installed
 from mlx_grpo.run.watch import RunWatcher
 from mlx_grpo.update.step import optimize
 
@@ -54,15 +57,22 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     """
     world = init_world()
     check_world(cfg, world)
-    # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
-    with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
-        return _train(cfg, config_path, world, overwrite, force, reward_set, rows)
+    try:
+        # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
+        with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
+            return _train(cfg, config_path, world, overwrite, force, reward_set, rows)
+    except RuntimeError as e:  # another rank stopped: one line here, its own reason is in its output
+        if (lost := lost_rank(e, world)) is None:
+            raise
+        raise lost from e
 
 
 def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows) -> Path:
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     reward_set = reward_set or make_rewards(cfg, config_path)
+    if world.is_main:
+        check_installed(cfg.logging.report_to)  # before any model loads
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo
@@ -71,15 +81,14 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
     stream = prompt_stream(tr.examples, groups, cfg, start)
-    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world)
     log = StepLog(cfg, fresh=start is None) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
 
     stop = StopRequest()  # SIGINT/SIGTERM only set a flag, read once per step
-    bar = tqdm(range(first, t.max_steps + 1), desc="grpo", dynamic_ncols=True, initial=first - 1,
-               total=t.max_steps, disable=not world.is_main)
-    for step in stop.watch(bar):
+    console = Console(first, t.max_steps, enabled=world.is_main)  # the bar, and the lines above it
+    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world, console.sampling)
+    for step in stop.watch(console):
         tic = time.perf_counter()
         mx.reset_peak_memory()
         kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
@@ -87,14 +96,15 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
         update_metrics = {}  # none when no group was kept or the update was skipped
         if kept.rewards:
             try:
-                update_metrics = update(tr, kept, parts, world)
+                update_metrics = update(tr, kept, parts, world, console.updating)
             except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
                 bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
         if run_eval and step % cfg.eval.every == 0:
+            console.evaluating()
             metrics.update(run_eval(tr.model))
         if log:  # the other ranks only take part in the reductions
-            log.write(metrics, drawn, bar, trained=bool(update_metrics))
+            log.write(metrics, drawn, console, trained=bool(update_metrics))
         requested = world.max(float(stop.requested)) > 0  # all ranks stop after the same step
         if world.is_main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
             ckpt = save(tr, cfg, step, stream, bad_steps)
@@ -103,19 +113,20 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
                 log.finish(ckpt, t.max_steps, stopped=True)
             stop.restore()
             raise RunStopped(stop.signum or signal.SIGTERM, step, ckpt)
-    bar.close()
+    console.close()
     if not world.is_main:
         return checkpoint_dir(out, t.max_steps)
     log.finish(ckpt, t.max_steps)
     return ckpt
 
 
-def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: int, world):
+def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: int, world, on_progress=None):
     """draw(n): n of this rank's prompts, taken from the same global stream on every rank, sampled
-    and scored."""
+    and scored (on_progress: as generate_completions takes it)."""
     def draw(n: int) -> ScoredRollout:
         examples = local_share(stream.take(n * world.size), prompts_per_step, world)
-        return sample_and_score(tr.rollout_model(), tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling)
+        return sample_and_score(tr.rollout_model(), tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling,
+                                on_progress=on_progress)
     return draw
 
 
@@ -130,15 +141,15 @@ def sample(draw, step: int, groups: int, accumulation_steps: int, dynamic_sampli
     kept, drawn, metrics = fill_groups(draw, groups, max_rounds)
     kept, parts = fit_parts(kept, accumulation_steps)
     if not kept.rewards:
-        tqdm.write(f"step {step}: no group had reward spread in {metrics['dynamic_sampling/rounds']} rounds; "
-                   "update skipped")
+        say(f"step {step}: no group had reward spread in {metrics['dynamic_sampling/rounds']} rounds; "
+            "update skipped")
     return kept, drawn, metrics, parts
 
 
-def update(tr: Trainer, kept: ScoredRollout, parts: int, world) -> dict:
+def update(tr: Trainer, kept: ScoredRollout, parts: int, world, on_progress=None) -> dict:
     """Advantages, then num_iterations optimizer updates on the kept completions; their metrics."""
     return optimize(tr.model, tr.optimizer, tr.ref_model, kept.rollout, kept.rewards,
-                    tr.settings.with_parts(parts), world, grad_fn=tr.grad_fn)
+                    tr.settings.with_parts(parts), world, grad_fn=tr.grad_fn, on_progress=on_progress)
 
 
 def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,
@@ -167,13 +178,13 @@ def announce(cfg, tr: Trainer, world) -> None:
     if not world.is_main:
         return
     trainable = sum(v.size for _, v in tree_flatten(tr.model.trainable_parameters()))
-    print(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {Path(cfg.output_dir)}")
+    say(f"mlx-grpo: {cfg.model.path} ({trainable:,} trainable parameters) -> {Path(cfg.output_dir)}")
     if cfg.model.dtype == "auto":
-        print(f"mlx-grpo: model.dtype = auto: {resolve_dtype('auto')} on this backend "
-              "(bfloat16 on Metal, float32 on the CPU backend)")
+        say(f"mlx-grpo: model.dtype = auto: {resolve_dtype('auto')} here "
+            "(bfloat16 on Metal, float32 on the CPU backend)")
     if world.size > 1:
-        print(f"mlx-grpo: data-parallel over {world.size} ranks, "
-              f"{allreduce_bytes(tr.model) / 1e6:.2f} MB all-reduced per update")
+        say(f"mlx-grpo: data-parallel over {world.size} ranks, "
+            f"{allreduce_bytes(tr.model) / 1e6:.2f} MB all-reduced per update")
 
 
 def resume(start, tr: Trainer, cfg, world) -> tuple[Path, int, int]:
@@ -211,8 +222,8 @@ def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int,
             f"step {step}: non-finite {error.metric} ({error.value}), the update was not applied; "
             f"{last}; training.max_bad_steps = {max_bad} allows skipping that many bad steps"
         ) from error
-    tqdm.write(f"mlx-grpo: step {step}: non-finite {error.metric} ({error.value}); update skipped "
-               f"({bad_steps} of training.max_bad_steps = {max_bad})")
+    say(f"mlx-grpo: step {step}: non-finite {error.metric} ({error.value}); update skipped "
+        f"({bad_steps} of training.max_bad_steps = {max_bad})")
     return bad_steps
 
 
@@ -227,29 +238,38 @@ class StepLog:
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
         self.watcher = RunWatcher.from_config(cfg.logging)
+        self.trackers = Trackers(cfg, say)  # logging.report_to: each gets what metrics.jsonl gets
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
 
-    def write(self, metrics: dict, drawn, bar, trained: bool) -> None:
+    def write(self, metrics: dict, drawn, console: Console, trained: bool) -> None:
+        """The step's row and samples on file; on the console its line (every log_every steps),
+        then its eval line, then any warnings."""
         self.metrics.write(metrics)
-        for warning in self.watcher.update(metrics):
-            tqdm.write(warning)
-        bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
+        self.trackers.log(metrics)
+        console.done(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
         step = metrics["step"]
         if step % self.every == 0 and trained:
-            tqdm.write(format_step(metrics))
+            console.print("\n".join(format_step(metrics, width())))
             for i in range(min(self.completions, len(drawn.rollout.texts))):
-                tqdm.write(format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i]))
-            self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
-                               self.completions)
+                sample = format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i], width())
+                console.print("\n".join(sample))
+            rows = self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
+                                      self.completions)
+            self.trackers.samples(step, rows)
+        if any(key.startswith("eval/") for key in metrics):
+            console.print("\n".join(format_eval(metrics, width())))
+        for warning in self.watcher.update(metrics):
+            console.print(warning)
 
     def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
         """The end-of-run summary; after a clean stop too."""
+        self.trackers.close()
         if self.watcher.summary():
-            tqdm.write(self.watcher.summary())
+            say(self.watcher.summary())
         warnings = sum(self.watcher.counts.values())
         for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
                                    ckpt, warnings, stopped):
-            tqdm.write(line)
+            say(line)
 
 
 def add_arguments(parser):

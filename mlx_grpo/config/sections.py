@@ -116,6 +116,9 @@ class TrainingConfig:
 class LoggingConfig:
     log_every: int = 1
     log_completions: int = 0  # completions printed per logged step (and kept in completions.jsonl)
+    report_to: list[str] = field(default_factory=list)  # any of "tensorboard", "wandb", "trackio" (run/trackers.py)
+    project: str = "mlx-grpo"  # the trackers' project
+    run_name: str = ""  # the trackers' run name; "" = the output folder's name
     # Live warnings (mlx_grpo/watch.py); 0 turns a check off.
     warn_zero_std_frac: float = 0.9  # frac_reward_zero_std above this ... (warn_zero_std_steps = 0: off)
     warn_zero_std_steps: int = 10  # ... for this many steps in a row: no signal (0 = off)

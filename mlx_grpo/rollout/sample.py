@@ -86,12 +86,14 @@ def generate_completions(
     sampler,
     batch_size: int = 0,
     sampling_logprob=None,
+    on_progress=None,
 ) -> Rollout:
     """Sample `num_generations` completions for each prompt, all decoded in one batch.
 
     `sampling_logprob` (from `make_sampling_logprob`, with the sampler's settings) keeps each
     sampled token's log-prob in `Rollout.sampling_logprobs`; it draws no random numbers, so the
-    tokens are the same with or without it.
+    tokens are the same with or without it. on_progress(tokens sampled, sequences finished,
+    sequences) is called after each decode step.
     """
     eos = sorted(tokenizer.eos_token_ids)
     n = len(prompts) * num_generations
@@ -110,7 +112,7 @@ def generate_completions(
             caches = [cache] * num_generations if len(prompt) > 1 else None
             uids += gen.insert([prompt[-1:]] * num_generations, caches=caches)
         tokens = {uid: [] for uid in uids}
-        finish = {}
+        finish, sampled = {}, 0
         picked = []  # (uids, log-probs (B,)) of each decode step, evaluated asynchronously
         while responses := gen.next_generated():
             if sampling_logprob is not None:
@@ -122,6 +124,9 @@ def generate_completions(
                 tokens[r.uid].append(r.token)
                 if r.finish_reason is not None:
                     finish[r.uid] = r.finish_reason
+            if on_progress:
+                sampled += len(responses)
+                on_progress(sampled, len(finish), n)
     finally:
         gen.close()
     sampling_logprobs = None

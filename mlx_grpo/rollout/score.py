@@ -80,11 +80,13 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
     )
 
 
-def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings) -> ScoredRollout:
+def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings,
+                     on_progress=None) -> ScoredRollout:
     """G completions per example, scored; DAPO's overlong penalty added when it is on.
 
     `model` is the policy, or the quantized copy that samples for it (rollout/quantized.py);
-    `sampler` is `make_rollout_sampler` of the settings' temperature, top_p, top_k and min_p.
+    `sampler` is `make_rollout_sampler` of the settings' temperature, top_p, top_k and min_p;
+    on_progress: as generate_completions takes it.
     """
     G = s.num_generations
     model.eval()
@@ -92,6 +94,7 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: Samplin
         model, tokenizer, [e.prompt_tokens for e in examples],
         num_generations=G, max_new_tokens=s.max_new_tokens, sampler=sampler, batch_size=s.batch_size,
         sampling_logprob=make_sampling_logprob(s.temperature, s.top_p, s.top_k, s.min_p),
+        on_progress=on_progress,
     )
     questions = [e.question for e in examples for _ in range(G)]
     answers = [e.answer for e in examples for _ in range(G)]

@@ -6,6 +6,7 @@ import math
 import os
 from pathlib import Path
 
+from mlx_grpo.run.console import WIDTH, fit, pack
 from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS
 
 
@@ -35,14 +36,15 @@ class CompletionLog:
         if fresh:
             self.path.write_text("")
 
-    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int):
-        """The first `count` samples of a step; per_name maps each reward's name to its scores."""
+    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int) -> list[dict]:
+        """The first `count` samples of a step; per_name maps each reward's name to its scores.
+        Returns the rows written."""
+        rows = [{"step": step, "prompt": prompts[i], "completion": completions[i], "reward": float(rewards[i]),
+                 "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
+                for i in range(min(count, len(completions)))]
         with self.path.open("a") as f:
-            for i in range(min(count, len(completions))):
-                row = {"step": step, "prompt": prompts[i], "completion": completions[i],
-                       "reward": float(rewards[i]),
-                       "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
-                f.write(json.dumps(row) + "\n")
+            f.writelines(json.dumps(row) + "\n" for row in rows)
+        return rows
 
 
 def read_jsonl(path, damaged: list[int] | None = None) -> list[dict]:
@@ -107,8 +109,8 @@ def read_metrics(output_dir) -> list[dict]:
     return read_jsonl(Path(output_dir) / METRICS)
 
 
-def format_step(m: dict) -> str:
-    """One console line for a logged step."""
+def format_step(m: dict, width: int = WIDTH) -> list[str]:
+    """The console lines of a logged step, each at most `width` columns."""
     parts = [f"step {m['step']}", f"loss {m['loss']:.4f}", f"reward {m['reward']:.3f}"]
     for key in sorted(k for k in m if k.startswith("rewards/") and k.endswith("/mean")):
         parts.append(f"{key.split('/')[1]} {m[key]:.3f}")
@@ -123,12 +125,32 @@ def format_step(m: dict) -> str:
         f"{m['step_time']:.2f}s",
         f"{m['peak_memory_gb']:.2f}GB",
     ]
-    return " | ".join(parts)
+    return pack(parts, width)
 
 
-def format_sample(question: str, completion: str, reward: float, width: int = 300) -> str:
-    short = lambda s: s if len(s) <= width else s[:width] + "..."
-    return f"--- prompt: {short(question)!r}\n--- completion (reward {reward:.3f}): {short(completion)!r}"
+# Short console names of the eval metrics; rewards/NAME/mean shows as NAME.
+_EVAL_NAMES = {"num_prompts": "prompts", "completions/mean_length": "len"}
+
+
+def format_eval(m: dict, width: int = WIDTH) -> list[str]:
+    """The console lines of a step's eval/* metrics, led by the step they belong to."""
+    parts = [f"step {m['step']} eval"]
+    for key, value in m.items():
+        if not key.startswith("eval/"):
+            continue
+        name = key.removeprefix("eval/")
+        if name.startswith("rewards/") and name.endswith("/mean"):
+            name = name.split("/")[1]
+        name = _EVAL_NAMES.get(name, name)
+        parts.append(f"{name} {value:.3f}" if isinstance(value, float) else f"{name} {value}")
+    return pack(parts, width)
+
+
+def format_sample(question: str, completion: str, reward: float, width: int = WIDTH) -> list[str]:
+    """A sample's two console lines, its prompt and completion, each cut to `width` columns
+    (completions.jsonl keeps them whole)."""
+    lead = f"--- completion (reward {reward:.3f}): "
+    return [fit(f"--- prompt: {question!r}", width), fit(lead + repr(completion), width)]
 
 
 def _window(rows: list[dict], key: str) -> tuple[float, float, int] | None:

@@ -58,9 +58,10 @@ def make_update_grad_fn(model, settings):
     return make_grad_fn(model, make_loss_fn(s), compiled=COMPILE_STEP and not s.shared_prefix)
 
 
-def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
+def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=None):
     """One optimizer update from the accumulated gradients of all micro-batches (of all ranks);
-    returns (loss, grad_norm, loss metrics). A NaN or inf raises before the update is applied."""
+    returns (loss, grad_norm, loss metrics). A NaN or inf raises before the update is applied.
+    on_batch() is called after each micro-batch's forward and backward."""
     s = UpdateSettings.of(settings)
     scale = 1.0 / s.accumulation_steps if DIVIDES_BY_ACCUMULATION[s.loss_type] else 1.0
     total_loss, grads, sums, tokens, extremes = 0.0, None, {}, 0.0, {}
@@ -77,6 +78,8 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE):
                 _keep_extreme(extremes, key, v.item())
             else:
                 sums[key] = sums.get(key, 0.0) + v.item() * n.item()
+        if on_batch:
+            on_batch()
     grads = world.average_gradients(grads)
     total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
     sums = dict(zip(sums, totals))
@@ -106,8 +109,9 @@ def _keep_extreme(extremes: dict, key: str, value: float) -> None:
     extremes[key] = pick(extremes[key], value) if key in extremes else value
 
 
-def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> dict:
+def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_progress=None) -> dict:
     """num_iterations optimizer updates on prepared micro-batches; returns their metrics.
+    on_progress(micro-batches done, micro-batches in all the updates) follows each micro-batch.
 
     The first update is on-policy, its ratio exp(logp - stop_gradient(logp)) exactly 1, as
     with num_iterations = 1: no parameter has moved yet. The stored old_logp (the sampling
@@ -118,9 +122,19 @@ def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> d
     model.train()
     losses, norms = [], []
     on_policy = [replace(b, old_logp=None) for b in batches]
+    done, total = 0, s.num_iterations * len(batches)
+    if on_progress:  # the update has begun: its first micro-batch can take long
+        on_progress(0, total)
+
+    def on_batch():
+        nonlocal done
+        done += 1
+        on_progress(done, total)
+
     for i in range(s.num_iterations):
         parts = on_policy if i == 0 else batches
-        loss, grad_norm, loss_metrics = update(model, optimizer, parts, grad_fn, s, world)
+        loss, grad_norm, loss_metrics = update(model, optimizer, parts, grad_fn, s, world,
+                                               on_batch=on_batch if on_progress else None)
         lr = optimizer.learning_rate.item()  # the rate this update used
         losses.append(loss)
         norms.append(grad_norm)
@@ -130,10 +144,12 @@ def run_updates(model, optimizer, batches, grad_fn, settings, world=SINGLE) -> d
     }
 
 
-def optimize(model, optimizer, ref_model, rollout, rewards, settings, world=SINGLE, grad_fn=None) -> dict:
+def optimize(model, optimizer, ref_model, rollout, rewards, settings, world=SINGLE, grad_fn=None,
+             on_progress=None) -> dict:
     """The whole update stage on one step's scored completions: advantages, micro-batches and
-    their constants, then num_iterations updates; returns the update's metrics."""
+    their constants, then num_iterations updates; returns the update's metrics (on_progress: as
+    run_updates takes it)."""
     s = UpdateSettings.of(settings)
     grad_fn = grad_fn or make_update_grad_fn(model, s)
     batches = prepare_batches(model, ref_model, rollout, rewards, s, world)
-    return run_updates(model, optimizer, batches, grad_fn, s, world)
+    return run_updates(model, optimizer, batches, grad_fn, s, world, on_progress)

@@ -1,0 +1,134 @@
+"""The training console as a terminal shows it: the bar and the printed lines never share a
+line, no line reaches 100 columns, an eval line follows its step's line, and a long step shows
+its progress inside the bar."""
+
+import fcntl
+import json
+import os
+import pty
+import re
+import struct
+import subprocess
+import sys
+import termios
+from pathlib import Path
+
+import pytest
+
+from mlx_grpo.config import load_config
+from mlx_grpo.commands.train import train
+from mlx_grpo.run import console as console_mod
+from mlx_grpo.run.console import fit, pack, wrap
+from mlx_grpo.run.log import format_eval, format_sample, format_step, read_metrics
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["training.max_steps=3", "training.prompts_per_step=2", "generation.num_generations=4",
+        "generation.max_new_tokens=16", "checkpoint.save_every=10", "eval.every=2", "eval.limit=4",
+        "logging.log_completions=1"]
+
+
+def screen(raw: str, columns: int) -> list[str]:
+    """The lines a terminal `columns` wide is left showing: a carriage return goes back to the
+    line's start and later text overwrites, a line longer than the terminal wraps, escape
+    sequences (tqdm moves the cursor with some) are dropped."""
+    raw = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", raw)
+    lines, row, col = [], [], 0
+    for ch in raw:
+        if ch == "\n":
+            lines.append("".join(row).rstrip())
+            row, col = [], 0
+        elif ch == "\r":
+            col = 0
+        else:
+            if col == columns:  # the terminal wraps the rest onto a new line
+                lines.append("".join(row).rstrip())
+                row, col = [], 0
+            if col < len(row):
+                row[col] = ch
+            else:
+                row.append(ch)
+            col += 1
+    return lines + ["".join(row).rstrip()]
+
+
+def run_in_terminal(tmp_path, columns: int) -> list[str]:
+    """The smoke profile, 3 steps, run as a user runs it: stdout and stderr on one terminal."""
+    main, child = pty.openpty()
+    fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
+    sets = [x for item in [*FAST, f'output_dir="{tmp_path / "run"}"'] for x in ("--set", item)]
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",
+                             *sets], cwd=ROOT, stdin=child, stdout=child, stderr=child, close_fds=True)
+    os.close(child)
+    chunks = []
+    while True:
+        try:
+            data = os.read(main, 65536)
+        except OSError:  # the child closed the terminal
+            break
+        if not data:
+            break
+        chunks.append(data)
+    os.close(main)
+    assert proc.wait(timeout=300) == 0, b"".join(chunks).decode(errors="replace")[-3000:]
+    return screen(b"".join(chunks).decode(), columns)
+
+
+@pytest.mark.parametrize("columns", [80, 160])
+def test_a_real_terminal_shows_whole_lines_under_100_columns(tmp_path, columns):
+    lines = run_in_terminal(tmp_path, columns)
+    text = "\n".join(lines)
+    assert all(len(line) < min(100, columns + 1) for line in lines), text
+    bars = [line for line in lines if "%|" in line]
+    assert bars and all(line.startswith("grpo: ") for line in bars), text  # no text glued to a bar
+    firsts = [i for i, line in enumerate(lines) if re.match(r"step \d+ \| loss", line)]
+    assert [lines[i].split()[1] for i in firsts] == ["1", "2", "3"], text
+    evals = [i for i, line in enumerate(lines) if line.startswith("step 2 eval | prompts 4 | accuracy ")]
+    assert len(evals) == 1 and firsts[1] < evals[0] < firsts[2], text  # after its step's line
+    assert any(line.startswith("--- prompt: 'What is ") for line in lines[firsts[0]:firsts[1]]), text
+    assert any(line.startswith("mlx-grpo: done after step 3 of 3") for line in lines), text
+
+
+def test_lines_pack_and_cut_to_the_width():
+    parts = ["step 12", "loss 0.1234"] + [f"reward_function_number_{i} 0.500" for i in range(6)]
+    lines = pack(parts, 60)
+    assert lines[0] == "step 12 | loss 0.1234 | reward_function_number_0 0.500"
+    assert lines[1] == "    reward_function_number_1 0.500"  # with the next part it would pass 60
+    assert all(len(line) <= 60 for line in lines)
+    assert " | ".join(line.strip() for line in lines) == " | ".join(parts)  # nothing lost
+    assert fit("x" * 120, 20) == "x" * 17 + "..."
+    assert fit("问" * 30, 20) == "问" * 8 + "..."  # wide characters take two columns each
+    assert wrap("a " * 80, 40)[1].startswith("    a a")
+    assert all(len(line) <= 40 for line in wrap("word " * 50, 40))
+
+
+def test_the_formatted_lines_of_a_long_row_stay_under_100_columns():
+    row = {"step": 7, "loss": 0.0123, "reward": 1.5, "kl": 0.01, "entropy": 0.3, "completions/mean_length": 200.0,
+           "grad_norm": 0.5, "learning_rate": 1e-6, "step_time": 1234.5, "peak_memory_gb": 12.3,
+           **{f"rewards/{name}/mean": 0.5 for name in ("gsm8k_correctness", "xml_format", "a" * 150)},
+           "eval/num_prompts": 200, "eval/accuracy": 0.7, "eval/rewards/gsm8k_correctness/mean": 0.7}
+    lines = format_step(row) + format_eval(row) + format_sample("q" * 500, "c\n" * 500, 1.0)
+    assert all(len(line) < 100 for line in lines)
+    assert format_eval(row) == ["step 7 eval | prompts 200 | accuracy 0.700 | gsm8k_correctness 0.700"]
+
+
+def test_a_long_step_shows_its_progress_in_the_bar(tmp_path, capsys, monkeypatch):
+    # Every step counts as long here, and every progress call redraws the bar.
+    monkeypatch.setattr(console_mod, "PROGRESS_AFTER", 0.0)
+    monkeypatch.setattr(console_mod, "PROGRESS_EVERY", 0.0)
+    cfg = load_config("configs/smoke_test.toml", FAST + [
+        f'output_dir="{tmp_path}"', "training.max_steps=2", "training.micro_batch_size=2", "grpo.num_iterations=2"])
+    train(cfg)
+    err = capsys.readouterr().err
+    rows = read_metrics(tmp_path)
+    for row in rows:
+        step = row["step"]
+        sampled = re.findall(rf"step {step}: sampling ([\d,]+) tokens, (\d+)/(\d+) done", err)
+        tokens = [int(t.replace(",", "")) for t, _, _ in sampled]
+        assert tokens == sorted(tokens) and len(tokens) > 1  # counted up while sampling
+        # the last count is every token the step sampled: 8 completions of the mean length
+        assert tokens[-1] == round(row["completions/mean_length"] * 8)
+        assert sampled[-1][1:] == ("8", "8")
+        # 8 sequences in micro-batches of 2, twice (num_iterations): 8 forward/backward passes
+        assert re.findall(rf"step {step}: update (\d+)/8 micro-batches", err) == [str(i) for i in range(9)]
+    assert "step 2: evaluating" in err
+    assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2

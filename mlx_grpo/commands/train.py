@@ -37,7 +37,7 @@ from mlx_grpo.run.log import (
     CompletionLog, MetricsLog, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
 )
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
-from mlx_grpo.run.stopping import RunStopped, StopRequest
+from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest
 from mlx_grpo.run.watch import RunWatcher
 from mlx_grpo.update.step import optimize
 
@@ -76,20 +76,29 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
 
-    stop = StopRequest()  # SIGINT/SIGTERM only set a flag, read once per step
+    # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
+    # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
+    stop = StopRequest(can_abandon=world.size == 1)
     bar = tqdm(range(first, t.max_steps + 1), desc="grpo", dynamic_ncols=True, initial=first - 1,
                total=t.max_steps, disable=not world.is_main)
     for step in stop.watch(bar):
         tic = time.perf_counter()
         mx.reset_peak_memory()
-        kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
-                                                      g.dynamic_sampling, g.max_resample_rounds, world)
-        update_metrics = {}  # none when no group was kept or the update was skipped
-        if kept.rewards:
-            try:
-                update_metrics = update(tr, kept, parts, world)
-            except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
-                bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
+        try:
+            with stop.abandonable():
+                kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
+                                                              g.dynamic_sampling, g.max_resample_rounds, world)
+                update_metrics = {}  # none when no group was kept or the update was skipped
+                if kept.rewards:
+                    try:
+                        update_metrics = update(tr, kept, parts, world)
+                    except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
+                        bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
+        except StepAbandoned:  # nothing of the step was written; the last checkpoint stays
+            stop.restore()
+            if log:
+                log.finish(ckpt, t.max_steps, stopped=True)
+            raise RunStopped(signal.SIGTERM, step - 1, ckpt, abandoned=True) from None
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
         if run_eval and step % cfg.eval.every == 0:
             metrics.update(run_eval(tr.model))

@@ -21,6 +21,7 @@ from tqdm import tqdm
 
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.commands.evaluate import make_training_eval
+from mlx_grpo.commands.plan import memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
@@ -75,6 +76,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     log = StepLog(cfg, fresh=start is None) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
+    memory_first(cfg, tr, world)  # a run that cannot hold its longest samples stops here, not at step 600
 
     # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)

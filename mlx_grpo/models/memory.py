@@ -44,8 +44,10 @@ OPTIMIZER_STEP = 2.36
 # copying the per-prompt caches, and the decode step's logits come on top.
 ROLLOUT_FACTOR = 2.08
 KV_STEP = 256
-# Completion logits held by the update: the logits, their gradient and the entropy's softmax,
-# counted from the code (update/step.py), not measured: on the built-in 322-token vocabulary
+# Completion logits held at the update's peak, in float32 [rows, T, vocab] arrays: 3 (the logits,
+# their gradient, the entropy's softmax, as the code reads), and measured 3.00 by
+# `scripts/measure_memory.py logits` (the peak's growth from a 8,192- to a 65,536-token vocabulary,
+# 8 rows x 96 and 4 x 192 completion tokens, a 2 x 64 random qwen2). On the built-ins' 322-token vocabulary
 # they are under 3% of the update and inside ACT_HIDDEN.
 LOGIT_COPIES = 3
 PAD_TO = 32  # update/batches.py pads sequences to a multiple of 32

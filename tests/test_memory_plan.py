@@ -87,3 +87,15 @@ def test_predictions_within_15_percent_of_real_runs_on_tiny():
     assert len(rows) >= 6
     worst = max(rows, key=lambda r: abs(r["error"]))
     assert abs(worst["error"]) <= 0.15, worst
+
+
+def test_the_readme_table_of_hub_profiles_is_the_planners(capsys):
+    """scripts/hub_memory_table.py plans each hub profile from a header-only copy of its model;
+    the README's table is its output, row for row."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+    from hub_memory_table import main as hub_table
+
+    hub_table()
+    lines = capsys.readouterr().out.strip().splitlines()
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert len(lines) == 5 and all(line in readme.splitlines() for line in lines), lines

@@ -46,10 +46,15 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def quantized_dir(path: str, bits: int, group_size: int, dtype: str) -> Path:
+    """Where `quantized_copy` keeps `path` quantized so."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(Path(path).expanduser().resolve()) if Path(path).exists() else path)
+    return cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
+
+
 def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remote_code=False) -> str:
     """Convert and quantize `path` with mlx-lm once; later calls reuse the cached folder."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(Path(path).expanduser().resolve()) if Path(path).exists() else path)
-    dst = cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
+    dst = quantized_dir(path, bits, group_size, dtype)
     if (dst / "config.json").exists():
         return str(dst)
     from mlx_grpo.models.convert import quiet_convert as convert
@@ -125,7 +130,10 @@ def load_base(model_cfg, path: str | None = None):
         return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
     check_model_folder(path)
-    if not Path(path).expanduser().exists():
+    q = model_cfg.quantize_bits
+    ready = q and (quantized_dir(path, q, model_cfg.quantize_group_size, resolve_dtype(model_cfg.dtype))
+                   / "config.json").exists()
+    if not Path(path).expanduser().exists() and not ready:  # a hub id that mlx-lm would fetch
         path = hub_or_cache(path)
     try:
         if model_cfg.quantize_bits:

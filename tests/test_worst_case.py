@@ -77,8 +77,8 @@ def test_auto_runs_the_probe_only_when_the_plan_is_above_half_the_device():
 
 @pytest.mark.parametrize("steps", [25, pytest.param(120, marks=pytest.mark.slow)])  # 120: 77 s here
 def test_peak_memory_stays_flat_over_many_steps(tmp_path, steps):
-    """Every step has the same shapes (one prompt, completions cut at 8 tokens, inside one
-    32-token padding), so any growth would be memory kept from earlier steps."""
+    """Every step has the same prompt and completions of at most 8 tokens, so its shapes never
+    grow: a peak above step 5's would be memory kept from earlier steps."""
     seen = []
 
     def memory_probe(prompts, completions, answers, **kwargs):  # called once per step, mid-step

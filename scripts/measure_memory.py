@@ -13,12 +13,14 @@ Prints, for builtin:NAME (float32, this backend):
   multiple of the KV cache's own bytes at mlx-lm's 256-token allocation step.
 
     uv run python scripts/measure_memory.py logits    # LOGIT_COPIES
+    uv run python scripts/measure_memory.py bfloat16  # ACT_HALF (slow: bfloat16 on the CPU backend)
 
 The completion logits' share of the update, which the built-ins' 322-token vocabulary is too
 small to show: the same small random qwen2 (2 layers x 64, its embedding frozen so that no
 gradient grows with the vocabulary) at vocabularies of 8,192 and 65,536; the growth of the
 update's peak / (rows x padded completion tokens x the vocabulary's growth x 4 bytes) is the
-number of float32 [rows, T, vocab] arrays the update holds at its peak.
+number of float32 [rows, T, vocab] arrays the update holds at its peak. `bfloat16` measures
+the update of builtin:small in bfloat16 and float32 at two grid points: their ratio is ACT_HALF.
 """
 
 import sys
@@ -185,6 +187,21 @@ def logit_copies(rows: int = 8, prompt: int = 32, completion: int = 96) -> float
     return copies
 
 
+def half_ratio() -> float:
+    """bfloat16's update peak / float32's, builtin:small, full fine-tune, 8 x 128 and 8 x 256."""
+    global GRID
+    GRID = [(8, 128), (8, 256)]
+    peaks = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = load_config(None, ['model.path="builtin:small"', f'model.dtype="{dtype}"'])
+        model, *_ = build_policy(cfg)
+        peaks[dtype] = update_peaks(model, cfg)
+        del model
+    ratios = [peaks["bfloat16"][k] / peaks["float32"][k] for k in GRID]
+    print(f"bfloat16 / float32 update peak: {', '.join(f'{r:.3f}' for r in ratios)}")
+    return float(np.mean(ratios))
+
+
 def main(names: list[str]):
     pts = {}
     for name in names:
@@ -201,4 +218,5 @@ def main(names: list[str]):
 
 
 if __name__ == "__main__":
-    logit_copies() if sys.argv[1:] == ["logits"] else main(sys.argv[1:] or ["tiny", "small"])
+    modes = {"logits": logit_copies, "bfloat16": half_ratio}
+    modes[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in modes else main(sys.argv[1:] or ["tiny", "small"])

@@ -15,7 +15,7 @@ from mlx_grpo.commands.train import train
 from mlx_grpo.config import load_config
 from mlx_grpo.rng import capture_rng
 from mlx_grpo.run.log import read_metrics
-from mlx_grpo.update.worst_case import CACHE_SHARE, worst_case_update
+from mlx_grpo.update.worst_case import CACHE_SHARE, worst_case_rollout, worst_case_update
 
 SMOKE = "configs/smoke_test.toml"
 SHAPES = ["training.prompts_per_step=2", "generation.num_generations=4", "data.max_prompt_tokens=70",
@@ -46,6 +46,22 @@ def test_the_probe_runs_at_the_longest_shapes_and_changes_no_weight_or_random_st
     assert all(np.array_equal(before[k], np.array(after[k])) for k in before)
 
 
+def test_the_kv_probe_fills_the_cache_to_the_longest_rollout_and_draws_no_random_numbers(monkeypatch):
+    from mlx_lm.models import cache as cache_mod
+
+    cfg = load_config(SMOKE, SHAPES + ["generation.batch_size=6"])
+    tr = setup(cfg, total_updates=1)
+    made = []
+    real = cache_mod.make_prompt_cache
+    monkeypatch.setattr(cache_mod, "make_prompt_cache", lambda model: made.append(real(model)) or made[-1])
+    rng = capture_rng()
+    assert worst_case_rollout(tr.model, cfg) == (6, 110)  # batch_size of the 8 sequences, 70 + 40 tokens
+    assert capture_rng() == rng
+    (cache,) = made
+    assert len(cache) == 4 and all(c.offset == 110 and c.keys.shape[0] == 6 for c in cache)
+    assert cache[0].keys.shape[2] >= 110  # allocated as decoding would (mlx-lm's 256-token steps)
+
+
 def _run(out, *extra):
     cfg = load_config(SMOKE, SHAPES + ["training.max_steps=2", f'output_dir="{out}"', *extra])
     final = train(cfg)
@@ -57,8 +73,9 @@ def _run(out, *extra):
 def test_a_run_with_the_probe_trains_bitwise_as_one_without(tmp_path, capsys):
     lora = ["lora.enabled=true", "lora.rank=4", "lora.dropout=0.1"]  # dropout: the probe draws random numbers
     with_probe, weights = _run(tmp_path / "on", 'training.worst_case_first="always"', *lora)
-    assert "worst case first: one update at the longest shapes (8 rows x 70 prompt + 40 completion tokens)" \
-        in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "worst case first: the rollout's KV cache at 8 sequences x 110 tokens peaked at " in out
+    assert "one update at the longest shapes (8 rows x 70 prompt + 40 completion tokens) at " in out
     without, plain = _run(tmp_path / "off", 'training.worst_case_first="never"', *lora)
     assert "worst case first" not in capsys.readouterr().out
     assert with_probe == without and with_probe[1]["loss"] != 0

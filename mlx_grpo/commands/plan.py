@@ -105,15 +105,26 @@ def worst_case_wanted(cfg) -> bool:
 def memory_first(cfg, tr, world) -> None:
     """Before step 1: cap MLX's buffer cache, then, when wanted, the worst-case update
     (update/worst_case.py), which stops a run that cannot hold its longest samples now."""
-    from mlx_grpo.update.worst_case import batch_shape, limit_cache, worst_case_rows, worst_case_update
+    import time
+
+    import mlx.core as mx
+
+    from mlx_grpo.update.worst_case import (
+        batch_shape, limit_cache, worst_case_rollout, worst_case_rows, worst_case_update,
+    )
 
     limit_cache(device_memory_gb() * GB)
     if not worst_case_wanted(cfg):
         return
+    tic = time.perf_counter()
+    mx.reset_peak_memory()
+    sequences, tokens = worst_case_rollout(tr.model, cfg, world)
+    rollout_gb, rollout_s = mx.get_peak_memory() / GB, time.perf_counter() - tic
     probe = worst_case_update(tr.model, tr.ref_model, tr.grad_fn, tr.settings, cfg, world)
     if world.is_main:
-        print(f"mlx-grpo: worst case first: one update at the longest shapes "
-              f"({batch_shape(cfg, worst_case_rows(cfg, world))}) peaked at {probe['peak_gb']:.2f} GB "
+        print(f"mlx-grpo: worst case first: the rollout's KV cache at {sequences} sequences x {tokens} tokens "
+              f"peaked at {rollout_gb:.2f} GB in {rollout_s:.1f} s; one update at the longest shapes "
+              f"({batch_shape(cfg, worst_case_rows(cfg, world))}) at {probe['peak_gb']:.2f} GB "
               f"in {probe['seconds']:.1f} s")
 
 

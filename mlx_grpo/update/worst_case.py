@@ -7,7 +7,8 @@ forward and backward on dummy rows at the longest shapes the run can see: every 
 `data.max_prompt_tokens` prompt and a `generation.max_new_tokens` completion, in the largest
 micro-batch. Its gradients are dropped, no weight or optimizer state changes, and the random
 streams are put back as they were (LoRA dropout draws from them), so the run that follows is
-bitwise the one without it. The rollout's KV cache and the optimizer's update are not probed.
+bitwise the one without it. `worst_case_rollout` first fills the rollout's KV cache as far as
+it can ever reach. The optimizer's update is not probed (it would change the weights).
 """
 
 import time
@@ -34,6 +35,36 @@ def limit_cache(device_bytes: float) -> int:
     limit = min(current, int(device_bytes * CACHE_SHARE))
     mx.set_cache_limit(limit)
     return limit
+
+
+KV_CHUNK = 32  # tokens per forward while filling the cache: attention scores stay near decoding's
+
+
+def worst_case_rollout(model, cfg, world=SINGLE) -> tuple[int, int]:
+    """The rollout's KV cache at its largest: `generation.batch_size` (or all) of this rank's
+    sequences, each at max_prompt_tokens + max_new_tokens, filled KV_CHUNK tokens at a time in
+    eval mode (no random numbers); only the cache is computed, not the logits. Returns
+    (sequences, tokens each)."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    t, gen = cfg.training, cfg.generation
+    n = t.prompts_per_step // world.size * t.gradient_accumulation_steps * gen.num_generations
+    batch, tokens = min(gen.batch_size or n, n), cfg.data.max_prompt_tokens + gen.max_new_tokens
+    was_training = model.training
+    model.eval()
+    try:
+        cache = make_prompt_cache(model)
+        for start in range(0, tokens, KV_CHUNK):
+            model(mx.zeros((batch, min(KV_CHUNK, tokens - start)), dtype=mx.int32), cache=cache)
+            mx.eval([c.state for c in cache])
+    except RuntimeError as e:  # MLX's allocation failures
+        raise TrainingError(
+            f"worst case first: the rollout's KV cache at the longest shapes ({batch} sequences x {tokens} "
+            f"tokens) failed ({' '.join(str(e).split())[:200]}); `mlx-grpo plan` suggests smaller settings") from e
+    finally:
+        model.train(was_training)
+    del cache
+    return batch, tokens
 
 
 def worst_case_rows(cfg, world=SINGLE) -> Rollout:

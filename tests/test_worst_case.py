@@ -111,7 +111,9 @@ def test_peak_memory_stays_flat_over_many_steps(tmp_path, steps):
     assert len(peaks) == len(seen) == steps and any(r["grad_norm"] > 0 for r in read_metrics(out))
     assert max(peaks[5:]) <= 1.03 * peaks[4], peaks  # 120 steps measured: +0.14% at most
     active = [a for a, _, _ in seen]
-    assert np.mean(active[-5:]) <= 1.03 * np.mean(active[4:9]), active  # nothing kept across steps
+    # Mid-step active memory moves between a few levels with the completions' lengths (10.0-11.3 MB
+    # here); memory kept across steps would lift its floor.
+    assert min(active[-10:]) <= 1.01 * min(active[5:15]), active
     limit = mx.set_cache_limit(0)
     mx.set_cache_limit(limit)
     assert all(cache <= limit for _, cache, _ in seen)

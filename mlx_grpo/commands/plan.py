@@ -114,7 +114,8 @@ def memory_first(cfg, tr, world) -> None:
     )
 
     limit_cache(device_memory_gb() * GB)
-    if not worst_case_wanted(cfg):
+    # every rank or none: the probe's passes reduce over the ranks, whose Macs may differ
+    if not world.max(float(worst_case_wanted(cfg))):
         return
     tic = time.perf_counter()
     mx.reset_peak_memory()

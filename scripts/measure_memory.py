@@ -11,6 +11,16 @@ Prints, for builtin:NAME (float32, this backend):
   layers per token, plus G * gradient bytes; and the optimizer's own peak (short micro-batches);
 - the rollout above the weights (mlx-lm's BatchGenerator, one prefill per prompt), as a
   multiple of the KV cache's own bytes at mlx-lm's 256-token allocation step.
+
+    uv run python scripts/measure_memory.py logits    # LOGIT_COPIES
+    uv run python scripts/measure_memory.py bfloat16  # ACT_HALF (slow: bfloat16 on the CPU backend)
+
+The completion logits' share of the update, which the built-ins' 322-token vocabulary is too
+small to show: the same small random qwen2 (2 layers x 64, its embedding frozen so that no
+gradient grows with the vocabulary) at vocabularies of 8,192 and 65,536; the growth of the
+update's peak / (rows x padded completion tokens x the vocabulary's growth x 4 bytes) is the
+number of float32 [rows, T, vocab] arrays the update holds at its peak. `bfloat16` measures
+the update of builtin:small in bfloat16 and float32 at two grid points: their ratio is ACT_HALF.
 """
 
 import sys
@@ -139,6 +149,59 @@ def ratio(pts: list[tuple], features, coef: list[float]) -> float:
     return float(np.mean(r))
 
 
+def logit_copies(rows: int = 8, prompt: int = 32, completion: int = 96) -> float:
+    """Growth of the update's peak with the vocabulary, in float32 [rows, T, vocab] arrays."""
+    from mlx_lm.models import qwen2
+
+    from mlx_grpo.rollout.sample import Rollout
+    from mlx_grpo.update.optimizer import make_optimizer
+    from mlx_grpo.update.settings import UpdateSettings
+    from mlx_grpo.update.step import optimize
+
+    cfg = load_config(None, [f"generation.max_new_tokens={completion}"])
+    peaks = {}
+    for vocab in (8192, 65536):
+        mx.random.seed(0)
+        model = qwen2.Model(qwen2.ModelArgs(
+            model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab,
+            tie_word_embeddings=True))
+        model.model.embed_tokens.freeze()
+        mx.eval(model.parameters())
+        rng = np.random.default_rng(0)
+        ids = rng.integers(3, vocab, prompt).tolist()
+        completions = [rng.integers(3, vocab, completion).tolist() for _ in range(rows)]
+        rollout = Rollout([ids] * rows, completions, [""] * rows, [False] * rows, rows)
+        optimizer, settings = make_optimizer(cfg.training, 100), UpdateSettings.from_config(cfg)
+        rewards = np.linspace(0, 1, rows).tolist()
+        optimize(model, optimizer, None, rollout, rewards, settings)  # makes the AdamW state
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        optimize(model, optimizer, None, rollout, rewards, settings)
+        peaks[vocab] = mx.get_peak_memory() - base
+        print(f"  vocabulary {vocab:,}: update peak {peaks[vocab] / 1e6:.1f} MB above weights and AdamW state")
+        del model, optimizer
+    T = -(-completion // 32) * 32
+    copies = (peaks[65536] - peaks[8192]) / (rows * T * (65536 - 8192) * 4)
+    print(f"logits: {copies:.2f} float32 [{rows}, {T}, vocab] arrays at the update's peak")
+    return copies
+
+
+def half_ratio() -> float:
+    """bfloat16's update peak / float32's, builtin:small, full fine-tune, 8 x 128 and 8 x 256."""
+    global GRID
+    GRID = [(8, 128), (8, 256)]
+    peaks = {}
+    for dtype in ("float32", "bfloat16"):
+        cfg = load_config(None, ['model.path="builtin:small"', f'model.dtype="{dtype}"'])
+        model, *_ = build_policy(cfg)
+        peaks[dtype] = update_peaks(model, cfg)
+        del model
+    ratios = [peaks["bfloat16"][k] / peaks["float32"][k] for k in GRID]
+    print(f"bfloat16 / float32 update peak: {', '.join(f'{r:.3f}' for r in ratios)}")
+    return float(np.mean(ratios))
+
+
 def main(names: list[str]):
     pts = {}
     for name in names:
@@ -155,4 +218,5 @@ def main(names: list[str]):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1:] or ["tiny", "small"])
+    modes = {"logits": logit_copies, "bfloat16": half_ratio}
+    modes[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in modes else main(sys.argv[1:] or ["tiny", "small"])

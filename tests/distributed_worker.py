@@ -4,12 +4,16 @@ Run as a rank (`python tests/distributed_worker.py OUT_DIR`, with the ring backe
 MLX_RANK and MLX_HOSTFILE set), it trains on its share of each case's prompts and writes
 the updated trainable weights and the update's metrics to OUT_DIR. The test calls
 `one_update` in its own process with the whole batch and compares.
+`python tests/distributed_worker.py lock OUT_DIR` trains one step instead and records, from
+inside each rank's reward, who holds the run folder's lock (`lock_run`).
 
 The optimizer is plain SGD without clipping: AdamW's first step is lr * sign(grad), which
 would hide a gradient that is off by a constant factor (a wrong normaliser).
 """
 
+import fcntl
 import json
+import os
 import random
 import sys
 from pathlib import Path
@@ -83,6 +87,32 @@ def one_update(name: str, world=SINGLE):
     return dict(tree_flatten(model.trainable_parameters())), metrics
 
 
+def lock_run(out_dir: str):
+    """One GRPO step of builtin:tiny on both ranks, in one run folder; while it trains, this rank's
+    reward notes its PID, the PID the lock file names and whether the lock is free."""
+    import mlx_grpo
+
+    run, seen = Path(out_dir) / "run", {}
+
+    def lock_probe(prompts, completions, answers, **kwargs):
+        if not seen:
+            fd = os.open(run / ".lock", os.O_RDWR)
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new open file: taken if any process holds it
+                free = True
+            except BlockingIOError:
+                free = False
+            finally:
+                os.close(fd)
+            seen.update(pid=os.getpid(), holder=int((run / ".lock").read_text().split()[0]), free=free)
+        return [0.0] * len(completions)
+
+    mlx_grpo.train("configs/smoke_test.toml", rewards=[lock_probe], output_dir=str(run),
+                   training={"max_steps": 1, "prompts_per_step": 2}, generation={"max_new_tokens": 8},
+                   logging={"log_completions": 0})
+    (Path(out_dir) / f"lock_rank{os.environ['MLX_RANK']}.json").write_text(json.dumps(seen))
+
+
 def main(out_dir: str):
     world = init_world()
     out = Path(out_dir)
@@ -93,4 +123,4 @@ def main(out_dir: str):
 
 
 if __name__ == "__main__":
-    main(sys.argv[1])
+    lock_run(sys.argv[2]) if sys.argv[1] == "lock" else main(sys.argv[1])

@@ -191,3 +191,55 @@ def test_a_size_no_mac_can_hold_is_refused_naming_the_key(item):
     key, value = item.split("=")
     with pytest.raises(ConfigError, match=rf"^--set {item}: {key} must be in \[\d+, \d+\].*, got {value}$"):
         load_config(SMOKE, [item])  # refused at load: the CLI prints it as one line
+
+
+@pytest.fixture
+def silent_hub(monkeypatch):
+    """A hub that accepts connections and never answers (a captive portal, a dead proxy): the
+    kernel queues the connection, nobody reads it. HF_HUB_OFFLINE is off."""
+    import socket
+
+    from huggingface_hub import constants
+
+    server = socket.socket()
+    server.bind(("127.0.0.1", 0))
+    server.listen(16)
+    monkeypatch.setattr(constants, "ENDPOINT", f"http://127.0.0.1:{server.getsockname()[1]}")
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.delenv("HF_HUB_OFFLINE", raising=False)
+    yield
+    server.close()
+
+
+@pytest.mark.parametrize("key", ["model.path", "data.dataset"])
+def test_a_hub_id_with_a_hub_that_never_answers_fails_within_seconds(tmp_path, capsys, silent_hub, key):
+    import time
+
+    import mlx_grpo.commands.train  # noqa: F401  imports (10 s on a busy machine) are not the hub's time
+    from mlx_grpo.config.hub import TIMEOUT_S
+
+    tic = time.monotonic()
+    assert _train(tmp_path, f'{key}="nobody/no-such-thing"') == 2
+    took = time.monotonic() - tic
+    assert TIMEOUT_S <= took < 2 * TIMEOUT_S + 5, took  # mlx-lm alone waited 200 s here
+    _one_line_error(capsys, f"{key}: cannot load 'nobody/no-such-thing' from the hub, which cannot be reached")
+
+
+def test_a_cached_hub_model_loads_from_the_cache_when_the_hub_never_answers(tmp_path, tiny_path, capsys,
+                                                                           silent_hub, monkeypatch):
+    import shutil
+
+    from huggingface_hub import constants
+
+    from mlx_grpo.config import ModelConfig
+    from mlx_grpo.models.load import load_base
+
+    repo = tmp_path / "hub" / "models--nobody--cached-tiny"
+    snapshot = repo / "snapshots" / ("0" * 40)
+    shutil.copytree(tiny_path, snapshot)
+    (repo / "refs").mkdir()
+    (repo / "refs" / "main").write_text("0" * 40)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    model, _, local = load_base(ModelConfig(path="nobody/cached-tiny", dtype="float32"))
+    assert local == str(snapshot) and model.args.hidden_size == 128
+    assert f"model.path 'nobody/cached-tiny' loads from the cache, {snapshot}" in capsys.readouterr().err

@@ -132,6 +132,17 @@ def test_two_ranks_one_prompt_each_equal_one_rank_two_prompts(tmp_path):
             assert dist_metrics[key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-7), (name, key)
 
 
+def test_only_rank_0_holds_the_run_folder_lock(tmp_path):
+    results = _spawn_ranks(["tests/distributed_worker.py", "lock", str(tmp_path)], tmp_path)
+    for rc, out, err in results:
+        assert rc == 0, err[-2000:]  # a second rank taking the lock would have been refused
+    seen = [json.loads((tmp_path / f"lock_rank{r}.json").read_text()) for r in range(2)]
+    assert seen[0]["pid"] != seen[1]["pid"]
+    assert seen[0]["holder"] == seen[1]["holder"] == seen[0]["pid"]  # rank 0's PID, seen by both
+    assert not seen[0]["free"] and not seen[1]["free"]  # held while the ranks train
+    assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]  # one log, written by rank 0
+
+
 @pytest.mark.slow  # two CLI start-ups: ~20 s here; check_world's message is tested above
 def test_launched_rank_with_indivisible_prompts_stops_with_one_line(tmp_path):
     args = ["-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",

@@ -97,3 +97,15 @@ def test_a_quantized_rollout_copy_is_held_beside_the_weights(tiny_path):
     # plus a float32 scale and bias per 64: 1.125 bytes; 2,176 in biases and norms stay float32
     assert full["rollout copy"] == 0 and q8["rollout copy"] == 827_648 * 1.125 + 2_176 * 4 == 939_808
     assert q8["peak"] == full["peak"] + 939_808
+
+
+def test_the_readme_table_of_hub_profiles_is_the_planners(capsys):
+    """scripts/hub_memory_table.py plans each hub profile from a header-only copy of its model;
+    the README's table is its output, row for row."""
+    sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
+    from hub_memory_table import main as hub_table
+
+    hub_table()
+    lines = capsys.readouterr().out.strip().splitlines()
+    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    assert len(lines) == 5 and all(line in readme.splitlines() for line in lines), lines

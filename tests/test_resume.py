@@ -135,7 +135,10 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes_exactly_with_lora(tmp_
     assert train(done) == out / final and _metrics(out) == _metrics(tmp_path / "ref")
 
 
-def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsys):
+def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsys, monkeypatch):
+    from mlx_grpo.run import stopping
+
+    monkeypatch.setattr(stopping, "GRACE_S", 600.0)  # a step that ends within the grace is finished
     out = tmp_path / "run"
     signal_at_step(signal.SIGTERM, at=1)
     assert cli.main(["train", "--config", SMOKE, *_sets(out, 3, "checkpoint.save_every=10", "grpo.beta=0")]) == 143

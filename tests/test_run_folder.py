@@ -277,3 +277,89 @@ def test_sigint_in_the_last_step_finishes_the_run_with_exit_0_and_no_resume_hint
     assert signal.getsignal(signal.SIGINT) is signal.default_int_handler  # handlers put back
     assert [r["step"] for r in read_metrics(out)] == [1, 2]
     assert (out / "checkpoints" / "step_000002" / "checkpoint_manifest.json").is_file()
+
+
+# --- SIGTERM in a step that cannot finish soon ----------------------------------------------------
+
+def _stop_in(steps, signal_at, grace=0.5):
+    """Run `steps` abandonable steps of the given seconds (busy Python, as a decode loop is) under
+    a StopRequest with GRACE_S = grace, sending SIGTERM `signal_at` seconds into the last;
+    returns (steps finished, seconds from the signal to the end, the StopRequest)."""
+    import threading
+
+    from mlx_grpo.run import stopping
+
+    finished, sent = [], []
+    old = stopping.GRACE_S
+    stopping.GRACE_S = grace
+    try:
+        with stopping.StopRequest() as stop:
+            for i, seconds in enumerate(steps):
+                if i == len(steps) - 1:
+                    timer = threading.Timer(signal_at, lambda: (sent.append(time.monotonic()),
+                                                                os.kill(os.getpid(), signal.SIGTERM)))
+                    timer.start()
+                try:
+                    with stop.abandonable():
+                        end = time.monotonic() + seconds
+                        while time.monotonic() < end:
+                            pass
+                except stopping.StepAbandoned:
+                    break
+                finished.append(i + 1)
+    finally:
+        stopping.GRACE_S = old
+    return finished, time.monotonic() - sent[0], stop
+
+
+def test_sigterm_abandons_at_once_a_step_the_earlier_ones_say_is_long(capsys):
+    finished, took, stop = _stop_in([2.0, 30.0], signal_at=0.3)
+    # the step had 29.7 s left: seconds, not the step's end (bounds wide for a loaded machine)
+    assert finished == [1] and took < 5.0 and stop.signum == signal.SIGTERM
+    assert "abandoning this step (about 2 s of it are left by the earlier steps)" in capsys.readouterr().err
+    assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # the grace timer is gone
+
+
+def test_sigterm_gives_a_step_expected_to_end_soon_the_grace_then_abandons_it(capsys):
+    finished, took, _ = _stop_in([0.3, 30.0], signal_at=0.1, grace=0.5)
+    assert finished == [1] and 0.5 <= took < 5.0  # the grace, then at once (wide for a loaded machine)
+    assert "abandoning this step (it did not finish within" in capsys.readouterr().err
+    finished, _, stop = _stop_in([0.3, 0.6], signal_at=0.2, grace=1.0)  # it ends within the grace
+    assert finished == [1, 2] and stop.requested
+
+
+@pytest.mark.slow  # 77 s on a busy 2-core machine, most of it the two slow steps; the unit tests above are fast
+def test_sigterm_in_a_long_step_exits_within_seconds_keeping_a_resumable_checkpoint(tmp_path):
+    from mlx_grpo.commands.train import train
+    from mlx_grpo.run.checkpoint import checkpoint_damage
+    from mlx_grpo.run.log import read_metrics
+
+    out = tmp_path / "run"
+    # A slow step: at temperature 30 builtin:tiny samples nearly uniform tokens, so some of the 16
+    # completions run to all 512 new tokens (each decoded token is one short MLX call).
+    slow = ["generation.num_generations=8", "generation.max_new_tokens=512", "generation.temperature=30.0"]
+    script = ("import sys\nfrom mlx_grpo.run import stopping\nstopping.GRACE_S = 1.0\n"
+              "from mlx_grpo import cli\nsys.exit(cli.main(sys.argv[1:]))\n")
+    with open(tmp_path / "err", "w") as err:
+        proc = subprocess.Popen([sys.executable, "-c", script, "train", "--config", SMOKE, *_sets(out, 3, *slow)],
+                                stdout=subprocess.DEVNULL, stderr=err)
+        manifest = out / "checkpoints" / "step_000001" / "checkpoint_manifest.json"
+        while not manifest.exists() and proc.poll() is None:
+            time.sleep(0.05)
+        time.sleep(0.3)  # into step 2
+        proc.send_signal(signal.SIGTERM)
+        tic = time.monotonic()
+        proc.wait(timeout=120)
+        took = time.monotonic() - tic
+    err = (tmp_path / "err").read_text()
+    assert proc.returncode == 143, err[-3000:]
+    assert took < 5, took  # 0.40 s measured here: one decoded token, the summary, the exit
+    assert f"stopped by SIGTERM in step 2, which could not finish soon and was abandoned; last checkpoint " \
+           f"{out / 'checkpoints' / 'step_000001'}" in err
+    assert "resume with: mlx-grpo train" in err
+    assert [r["step"] for r in read_metrics(out)] == [1]
+    assert [p.name for p in (out / "checkpoints").iterdir()] == ["step_000001"]
+    assert checkpoint_damage(out / "checkpoints" / "step_000001") is None
+    resumed = load_config(SMOKE, _sets(out, 2, *slow)[1::2] + ["checkpoint.resume=true"])
+    assert train(resumed) == out / "checkpoints" / "step_000002"
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]

@@ -88,6 +88,47 @@ def check_fits(cfg, memory_gb: float | None = None) -> dict:
     return result
 
 
+def worst_case_wanted(cfg) -> bool:
+    """training.worst_case_first; "auto" is on when the predicted peak is above half the device's
+    memory, or when it cannot be predicted. Below that the probe is skipped: on the smoke
+    profile it costs more than its worth (README, "What fits in memory")."""
+    mode = cfg.training.worst_case_first
+    if mode != "auto":
+        return mode == "always"
+    try:
+        result = plan(cfg)
+    except MemoryPlanError:
+        return True
+    return result["peak_gb"] > result["device_gb"] / 2
+
+
+def memory_first(cfg, tr, world) -> None:
+    """Before step 1: cap MLX's buffer cache, then, when wanted, the worst-case update
+    (update/worst_case.py), which stops a run that cannot hold its longest samples now."""
+    import time
+
+    import mlx.core as mx
+
+    from mlx_grpo.update.worst_case import (
+        batch_shape, limit_cache, worst_case_rollout, worst_case_rows, worst_case_update,
+    )
+
+    limit_cache(device_memory_gb() * GB)
+    # every rank or none: the probe's passes reduce over the ranks, whose Macs may differ
+    if not world.max(float(worst_case_wanted(cfg))):
+        return
+    tic = time.perf_counter()
+    mx.reset_peak_memory()
+    sequences, tokens = worst_case_rollout(tr.model, cfg, world)
+    rollout_gb, rollout_s = mx.get_peak_memory() / GB, time.perf_counter() - tic
+    probe = worst_case_update(tr.model, tr.ref_model, tr.grad_fn, tr.settings, cfg, world)
+    if world.is_main:
+        print(f"mlx-grpo: worst case first: the rollout's KV cache at {sequences} sequences x {tokens} tokens "
+              f"peaked at {rollout_gb:.2f} GB in {rollout_s:.1f} s; one update at the longest shapes "
+              f"({batch_shape(cfg, worst_case_rows(cfg, world))}) at {probe['peak_gb']:.2f} GB "
+              f"in {probe['seconds']:.1f} s")
+
+
 def format_plan(result: dict) -> list[str]:
     lines = [f"memory plan for {result['model']} (GB):"]
     for name, gb in result["phases_gb"].items():

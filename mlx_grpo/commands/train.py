@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.commands.evaluate import make_training_eval
+from mlx_grpo.commands.plan import memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import PromptStream
@@ -39,7 +40,7 @@ from mlx_grpo.run.log import (
     CompletionLog, MetricsLog, format_eval, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
 )
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
-from mlx_grpo.run.stopping import RunStopped, StopRequest
+from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest
 from mlx_grpo.run.trackers import Trackers, check_installed
 from mlx_grpo.run.watch import RunWatcher
 from mlx_grpo.update.step import optimize
@@ -84,21 +85,31 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     log = StepLog(cfg, fresh=start is None) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
+    memory_first(cfg, tr, world)  # a run that cannot hold its longest samples stops here, not at step 600
 
-    stop = StopRequest()  # SIGINT/SIGTERM only set a flag, read once per step
+    # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
+    # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
+    stop = StopRequest(can_abandon=world.size == 1)
     console = Console(first, t.max_steps, enabled=world.is_main)  # the bar, and the lines above it
     draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world, console.sampling)
     for step in stop.watch(console):
         tic = time.perf_counter()
         mx.reset_peak_memory()
-        kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
-                                                      g.dynamic_sampling, g.max_resample_rounds, world)
-        update_metrics = {}  # none when no group was kept or the update was skipped
-        if kept.rewards:
-            try:
-                update_metrics = update(tr, kept, parts, world, console.updating)
-            except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
-                bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
+        try:
+            with stop.abandonable():
+                kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
+                                                              g.dynamic_sampling, g.max_resample_rounds, world)
+                update_metrics = {}  # none when no group was kept or the update was skipped
+                if kept.rewards:
+                    try:
+                        update_metrics = update(tr, kept, parts, world, console.updating)
+                    except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
+                        bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
+        except StepAbandoned:  # nothing of the step was written; the last checkpoint stays
+            stop.restore()
+            if log:
+                log.finish(ckpt, t.max_steps, stopped=True)
+            raise RunStopped(signal.SIGTERM, step - 1, ckpt, abandoned=True) from None
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
         if run_eval and step % cfg.eval.every == 0:
             console.evaluating()

@@ -102,6 +102,7 @@ RULES: dict[str, Rule] = {
     ),
     "training.max_grad_norm": _at_least(0),
     "training.max_bad_steps": _at_least(0),
+    "training.worst_case_first": _one_of("auto", "always", "never"),
     "logging.log_every": _at_least(1),
     "logging.log_completions": _at_least(0),
     "logging.report_to": ((lambda v: set(v) <= {"tensorboard", "wandb", "trackio"} and len(set(v)) == len(v)),

@@ -110,6 +110,9 @@ class TrainingConfig:
     grad_checkpoint: bool = False
     shared_prefix: bool = False  # each group's prompt runs once in every scoring pass (update, reference, old log-probs)
     max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping
+    # one update at the longest shapes before step 1, so a run that cannot hold them stops now:
+    # "auto" = when `mlx-grpo plan` puts the peak above half the device's memory; "always", "never"
+    worst_case_first: str = "auto"
 
 
 @dataclass

@@ -68,19 +68,11 @@ def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "tra
 def _reach_hub(name: str) -> None:
     """Stop at once when the hub cannot be reached: `datasets` retries a lost connection for
     about 25 s before saying so. With HF_HUB_OFFLINE=1 `datasets` reads its cache, unasked."""
-    import huggingface_hub
-    from huggingface_hub.errors import HfHubHTTPError
+    from mlx_grpo.config.hub import unreachable
 
-    if huggingface_hub.constants.HF_HUB_OFFLINE:
-        return
-    try:
-        huggingface_hub.HfApi().dataset_info(name, timeout=10)
-    except HfHubHTTPError:  # the hub answered (no such data set, gated): `datasets` says which
-        return
-    except Exception as e:  # the client's connection errors have many types
+    if why := unreachable(name, "dataset"):
         raise DataError(f"data.dataset: cannot load {name!r} from the hub, which cannot be reached "
-                        f"({type(e).__name__}: {' '.join(str(e).split())[:200]}); for a copy already "
-                        "in the cache set HF_HUB_OFFLINE=1") from e
+                        f"({why}); for a copy already in the cache set HF_HUB_OFFLINE=1")
 
 
 def _builtin_rows(name: str, split: str, seed: int) -> list[dict]:

@@ -11,6 +11,7 @@ import os
 from pathlib import Path
 import re
 import shutil
+import sys
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -45,10 +46,15 @@ def resolve_model_path(path: str) -> str:
     return path
 
 
+def quantized_dir(path: str, bits: int, group_size: int, dtype: str) -> Path:
+    """Where `quantized_copy` keeps `path` quantized so."""
+    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(Path(path).expanduser().resolve()) if Path(path).exists() else path)
+    return cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
+
+
 def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remote_code=False) -> str:
     """Convert and quantize `path` with mlx-lm once; later calls reuse the cached folder."""
-    name = re.sub(r"[^A-Za-z0-9_.-]+", "_", str(Path(path).expanduser().resolve()) if Path(path).exists() else path)
-    dst = cache_dir() / "quantized" / f"{name.strip('_')}-q{bits}-g{group_size}-{dtype}"
+    dst = quantized_dir(path, bits, group_size, dtype)
     if (dst / "config.json").exists():
         return str(dst)
     from mlx_grpo.models.convert import quiet_convert as convert
@@ -93,6 +99,24 @@ def check_model_folder(path: str) -> None:
         raise ModelError(f"model.path: {path} has no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
 
 
+def hub_or_cache(repo: str) -> str:
+    """`repo` while the hub answers (or HF_HUB_OFFLINE is set); the cached copy's folder when
+    the hub cannot be reached, so that mlx-lm does not wait on it; else one line at once."""
+    from mlx_grpo.config.hub import TIMEOUT_S, unreachable
+
+    why = unreachable(repo, "model")
+    if why is None:
+        return repo
+    try:
+        local = str(mlx_lm.utils.hf_repo_to_path(repo))
+    except Exception:  # not in the cache, or only part of it
+        raise ModelError(f"model.path: cannot load {repo!r} from the hub, which cannot be reached (no answer "
+                         f"within {TIMEOUT_S:.0f} s: {why}), and it is not in the Hugging Face cache") from None
+    print(f"mlx-grpo: the hub cannot be reached ({why.split(':')[0]}); model.path {repo!r} loads from "
+          f"the cache, {local}", file=sys.stderr)
+    return local
+
+
 def load_base(model_cfg, path: str | None = None):
     """(model, tokenizer, local_path) for the configured base model, in eval mode.
 
@@ -106,6 +130,11 @@ def load_base(model_cfg, path: str | None = None):
         return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
     check_model_folder(path)
+    q = model_cfg.quantize_bits
+    ready = q and (quantized_dir(path, q, model_cfg.quantize_group_size, resolve_dtype(model_cfg.dtype))
+                   / "config.json").exists()
+    if not Path(path).expanduser().exists() and not ready:  # a hub id that mlx-lm would fetch
+        path = hub_or_cache(path)
     try:
         if model_cfg.quantize_bits:
             path = quantized_copy(path, model_cfg.quantize_bits, model_cfg.quantize_group_size,

@@ -35,6 +35,10 @@ CKPT_GRADS = 0.561
 # parameters: 0.939 plain (points 0.86-1.03), 0.948 checkpointed (0.79-1.07).
 LORA_PLAIN = 0.939
 LORA_CHECKPOINTED = 0.948
+# The same update's activations in a 2-byte dtype (bfloat16, float16), as a share of float32's:
+# 0.557 and 0.553 on builtin:small (full fine-tune, 8 x 128 and 8 x 256 tokens; bfloat16 / float32
+# peak above the weights, this CPU backend), applied to LoRA and grad checkpointing unmeasured.
+ACT_HALF = 0.555
 # The optimizer part of an update (accumulated, clipped gradients and AdamW's temporaries), in
 # trainable-parameter bytes above weights + AdamW state: 239 MB / 101.4 MB on builtin:small,
 # where short micro-batches stop growing the peak below it.
@@ -44,8 +48,10 @@ OPTIMIZER_STEP = 2.36
 # copying the per-prompt caches, and the decode step's logits come on top.
 ROLLOUT_FACTOR = 2.08
 KV_STEP = 256
-# Completion logits held by the update: the logits, their gradient and the entropy's softmax,
-# counted from the code (update/step.py), not measured: on the built-in 322-token vocabulary
+# Completion logits held at the update's peak, in float32 [rows, T, vocab] arrays: 3 (the logits,
+# their gradient, the entropy's softmax, as the code reads), and measured 3.00 by
+# `scripts/measure_memory.py logits` (the peak's growth from a 8,192- to a 65,536-token vocabulary,
+# 8 rows x 96 and 4 x 192 completion tokens, a 2 x 64 random qwen2). On the built-ins' 322-token vocabulary
 # they are under 3% of the update and inside ACT_HIDDEN.
 LOGIT_COPIES = 3
 PAD_TO = 32  # update/batches.py pads sequences to a multiple of 32
@@ -216,11 +222,12 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     rows = min(run.micro_batch or run.part_rows, run.part_rows)
     L, T = _pad(run.max_prompt + run.max_new, PAD_TO), _pad(run.max_new, PAD_TO)
     layer = ACT_HIDDEN * shape.hidden + ACT_ATTENTION * shape.heads * L  # bytes per token, one layer
+    half = ACT_HALF if b == 2 else 1.0
     if run.grad_checkpoint:
-        micro = rows * L * (CKPT_STORED * shape.layers * shape.hidden + CKPT_LAYERS * layer) + CKPT_GRADS * trainable * b
-        micro *= LORA_CHECKPOINTED if run.lora else 1.0
+        stored = rows * L * (CKPT_STORED * shape.layers * shape.hidden + CKPT_LAYERS * layer) * half
+        micro = (stored + CKPT_GRADS * trainable * b) * (LORA_CHECKPOINTED if run.lora else 1.0)
     else:
-        micro = rows * L * layer * shape.layers * (LORA_PLAIN if run.lora else 1.0)
+        micro = rows * L * layer * shape.layers * (LORA_PLAIN if run.lora else 1.0) * half
     activations = max(micro, OPTIMIZER_STEP * trainable * b)
     logits = rows * T * shape.vocab * 4 * LOGIT_COPIES
     phases = {

@@ -20,6 +20,7 @@ from mlx.utils import tree_flatten
 from tqdm import tqdm
 
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
+from mlx_grpo.algorithm.zero_signal import zero_signal
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.config import load_config, save_config
@@ -85,12 +86,15 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
         kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
                                                       g.dynamic_sampling, g.max_resample_rounds, world)
         update_metrics = {}  # none when no group was kept or the update was skipped
-        if kept.rewards:
+        skipped = skip_zero_signal(kept, cfg, world)
+        if kept.rewards and not skipped:
             try:
                 update_metrics = update(tr, kept, parts, world)
             except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
                 bad_steps = skip_or_stop(e, step, bad_steps, t.max_bad_steps, ckpt)
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
+        if t.skip_zero_signal_steps:
+            metrics["zero_signal_skipped"] = float(skipped)
         if run_eval and step % cfg.eval.every == 0:
             metrics.update(run_eval(tr.model))
         if log:  # the other ranks only take part in the reductions
@@ -139,6 +143,15 @@ def update(tr: Trainer, kept: ScoredRollout, parts: int, world) -> dict:
     """Advantages, then num_iterations optimizer updates on the kept completions; their metrics."""
     return optimize(tr.model, tr.optimizer, tr.ref_model, kept.rollout, kept.rewards,
                     tr.settings.with_parts(parts), world, grad_fn=tr.grad_fn)
+
+
+def skip_zero_signal(kept: ScoredRollout, cfg, world) -> bool:
+    """With training.skip_zero_signal_steps: whether this step's update has a zero gradient on
+    every rank (beta = 0, no group with reward spread), so AdamW is not called at all."""
+    if not cfg.training.skip_zero_signal_steps or not kept.rewards:
+        return False
+    flat = zero_signal(kept.rewards, kept.rollout.group_size, cfg.grpo.beta)
+    return world.sum([float(not flat)])[0] == 0  # all ranks skip together, or none does
 
 
 def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,

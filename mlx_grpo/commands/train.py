@@ -40,6 +40,8 @@ from mlx_grpo.run.log import (
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StopRequest
 from mlx_grpo.run.watch import RunWatcher
+from mlx_grpo.run.tripwires import Tripwires
+from mlx_grpo.update.movement import MovementCheck
 from mlx_grpo.update.step import optimize
 
 
@@ -76,6 +78,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     log = StepLog(cfg, fresh=start is None) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
+    # rank 0 alone: every rank holds the same parameters
+    moved = MovementCheck(tr.model, tr.optimizer, cfg.logging.warn_unmoved_after) if world.is_main else None
 
     stop = StopRequest()  # SIGINT/SIGTERM only set a flag, read once per step
     bar = tqdm(range(first, t.max_steps + 1), desc="grpo", dynamic_ncols=True, initial=first - 1,
@@ -95,6 +99,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
         if t.skip_zero_signal_steps:
             metrics["zero_signal_skipped"] = float(skipped)
+        if moved:
+            metrics.update(moved(tr.model, tr.optimizer))
         if run_eval and step % cfg.eval.every == 0:
             metrics.update(run_eval(tr.model))
         if log:  # the other ranks only take part in the reductions
@@ -230,8 +236,8 @@ def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int,
 
 
 class StepLog:
-    """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console
-    and the live warnings."""
+    """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console,
+    the live warnings and the tripwires."""
 
     def __init__(self, cfg, fresh: bool):
         out = self.out = Path(cfg.output_dir)
@@ -239,13 +245,14 @@ class StepLog:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
-        self.watcher = RunWatcher.from_config(cfg.logging)
+        self.watchers = (RunWatcher.from_config(cfg.logging), Tripwires.from_config(cfg.logging))
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
 
     def write(self, metrics: dict, drawn, bar, trained: bool) -> None:
         self.metrics.write(metrics)
-        for warning in self.watcher.update(metrics):
-            tqdm.write(warning)
+        for watcher in self.watchers:
+            for warning in watcher.update(metrics):
+                tqdm.write(warning)
         bar.set_postfix(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
         step = metrics["step"]
         if step % self.every == 0 and trained:
@@ -257,9 +264,10 @@ class StepLog:
 
     def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
         """The end-of-run summary; after a clean stop too."""
-        if self.watcher.summary():
-            tqdm.write(self.watcher.summary())
-        warnings = sum(self.watcher.counts.values())
+        for watcher in self.watchers:
+            if watcher.summary():
+                tqdm.write(watcher.summary())
+        warnings = sum(sum(w.counts.values()) for w in self.watchers)
         for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
                                    ckpt, warnings, stopped):
             tqdm.write(line)

@@ -4,7 +4,8 @@ One step: take prompts_per_step * gradient_accumulation_steps prompts, sample G 
 for each (one batched decode) and score them (rollout/), turn the scores into group-relative
 advantages (algorithm/), make num_iterations optimizer updates on those completions (update/),
 then log the step and checkpoint it when due (run/). With grpo.dynamic_sampling, groups whose
-rewards are all equal are dropped and more prompts drawn. `setup` (commands/setup.py) builds
+rewards are all equal are dropped and more prompts drawn; with training.skip_zero_signal_steps a
+step where no group has spread (and beta = 0) makes no update. `setup` (commands/setup.py) builds
 what the loop runs on; this file composes the stages, and its `main` is the command line's.
 """
 

@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 # Reward names the format tripwire reads: the built-in format and correctness rewards.
 FORMAT_REWARDS = ("xml_format",)
 CORRECTNESS_REWARDS = ("gsm8k_correctness",)
-# Both on the 0-1 scale of those rewards. FORMAT_RISE: a tenth of the scale, well above the
-# noise of a W-step mean; FLAT: a fifth of that. Over 20 steps of 64 completions (the smoke
-# profile's), a correctness mean has a standard error near 0.014, so noise alone rarely moves
-# one window mean against the other by 0.02 in the upward direction and by 0.1 hardly ever.
+# Both on the 0-1 scale of those rewards, whose per-completion std is at most 0.5: with 64
+# completions a step (the smoke profile's) a 20-step window mean has a standard error of at
+# most 0.5 / sqrt(1280) = 0.014, the gap between two windows at most 0.02. FORMAT_RISE is 5 of
+# those; FLAT, one: a correctness gain any smaller is indistinguishable from none.
 FORMAT_RISE = 0.1
 FLAT = 0.02
 

@@ -57,3 +57,19 @@ def test_evaluate_reports_all_three_side_by_side(tiny):
     assert list(m).index("accuracy_strict") == list(m).index("accuracy") + 1
     table = format_table(m)
     assert "accuracy_strict" in table and "accuracy_lenient" in table
+
+
+def test_training_eval_logs_and_prints_both(tmp_path, capsys):
+    from mlx_grpo.commands.train import train
+    from mlx_grpo.run.log import read_metrics
+
+    cfg = load_config("configs/smoke_test.toml", [
+        "training.max_steps=1", "training.prompts_per_step=2", "generation.max_new_tokens=16",
+        "eval.every=1", "eval.limit=3", f'output_dir="{tmp_path / "run"}"',
+    ])
+    train(cfg)
+    row = read_metrics(cfg.output_dir)[0]
+    assert {"eval/accuracy", "eval/accuracy_strict", "eval/accuracy_lenient"} <= set(row)
+    line = next(x for x in capsys.readouterr().out.splitlines() if x.startswith("eval/num_prompts 3"))
+    assert f"eval/accuracy_strict {row['eval/accuracy_strict']:.3f}" in line
+    assert f"eval/accuracy_lenient {row['eval/accuracy_lenient']:.3f}" in line

@@ -17,6 +17,8 @@ CASES = [  # completion, accuracy (the reward's reading), strict, lenient; the r
     ("6 * 7 = 42\n#### 42", 1, 1, 1),  # GSM8K's own format
     ("<answer>41</answer>\n#### 42", 0, 0, 1),  # the tag wins over ####
     ("", 0, 0, 0),
+    # repeated tags, as a policy that wore its format down writes: the first tag runs to the last
+    ("<answer>\n42\n</reasoning>\n<answer>\n42\n</answer>", 1, 0, 1),
 ]
 
 
@@ -26,9 +28,9 @@ def test_readings_by_hand():
     assert extract_strict_number("<answer>x = 5</answer>") is None and extract_strict_number("5") is None
     assert extract_last_number("a 3, then 10-5 and -2.50") == "-2.50"
     got = accuracy_metrics([c for c, *_ in CASES], ["#### 42"] * len(CASES))
-    # accuracy 5/7 (cases 1-5), strict 3/7 (1, 3, 5), lenient 5/7 (1, 2, 4, 5, 6)
-    assert got == {"accuracy": pytest.approx(5 / 7), "accuracy_strict": pytest.approx(3 / 7),
-                   "accuracy_lenient": pytest.approx(5 / 7)}
+    # accuracy 6/8 (cases 1-5, 8), strict 3/8 (1, 3, 5), lenient 6/8 (1, 2, 4, 5, 6, 8)
+    assert got == {"accuracy": pytest.approx(6 / 8), "accuracy_strict": pytest.approx(3 / 8),
+                   "accuracy_lenient": pytest.approx(6 / 8)}
     for completion, *expected in CASES:
         assert list(accuracy_metrics([completion], ["#### 42"]).values()) == expected, completion
 

@@ -103,7 +103,8 @@ class TrainingConfig:
     grad_checkpoint: bool = False
     shared_prefix: bool = False  # each group's prompt runs once in every scoring pass (update, reference, old log-probs)
     max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping
-    # beta = 0 and no group with reward spread: the gradient is 0, skip AdamW's update (algorithm/zero_signal.py)
+    # beta = 0 and no group with reward spread: the gradient is 0, skip AdamW's update (algorithm/zero_signal.py);
+    # off: measured no better on average (README, scripts/zero_signal_table.py)
     skip_zero_signal_steps: bool = False
 
 

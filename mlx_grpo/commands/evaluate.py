@@ -3,7 +3,10 @@
 Every configured reward is averaged over greedy completions, under the names training logs
 (`reward`, `rewards/<name>/mean`). The task metric follows from the data and the rewards:
 - GSM8K-style references (every answer ends in `#### N`): `accuracy`, the share of greedy
-  answers whose number is right (pass@1); with K > 1 samples per prompt also `maj@K` (the
+  answers whose number is right (pass@1) as the correctness reward reads it (the last number
+  in the last <answer> tag, else the last number anywhere); beside it `accuracy_strict` (right
+  and in the expected format: an <answer> tag holding just the number, or `#### N`) and
+  `accuracy_lenient` (the last number anywhere in the text is right); with K > 1 samples per prompt also `maj@K` (the
   most frequent sampled number is right) and `pass@K` (any sampled number is right), the
   samples drawn at eval.temperature with generation's top_p, top_k and min_p;
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
@@ -27,7 +30,10 @@ from tqdm import tqdm
 from mlx_grpo.commands.args import add_model_args, number_at_least, seed_number
 from mlx_grpo.errors import UserError
 from mlx_grpo.data.load import load_examples
-from mlx_grpo.rewards import ROUGE_TYPES, extract_predicted_number, extract_reference_number, rouge_scorer
+from mlx_grpo.rewards import (
+    ROUGE_TYPES, extract_last_number, extract_predicted_number, extract_reference_number, extract_strict_number,
+    rouge_scorer,
+)
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.run.console import cap_width
 from mlx_grpo.run.layout import CONFIG
@@ -107,6 +113,19 @@ def number_metrics(samples: list[list[str]], answers: list[str]) -> dict:
     return {f"maj@{k}": float(np.mean(majority)), f"pass@{k}": float(np.mean(any_right))}
 
 
+READINGS = {"accuracy": extract_predicted_number, "accuracy_strict": extract_strict_number,
+            "accuracy_lenient": extract_last_number}
+
+
+def accuracy_metrics(completions: list[str], answers: list[str]) -> dict:
+    """The share of completions whose number is right, under each reading of READINGS."""
+    refs = [extract_reference_number(a) for a in answers]
+    return {
+        key: float(np.mean([p is not None and Decimal(p) == Decimal(r) for p, r in zip(map(read, completions), refs)]))
+        for key, read in READINGS.items()
+    }
+
+
 def rouge_metrics(completions: list[str], answers: list[str]) -> dict:
     scores = [rouge_scorer().score(a or "", c.strip()) for c, a in zip(completions, answers)]
     return {k: float(np.mean([s[k].fmeasure for s in scores])) for k in ROUGE_TYPES}
@@ -128,7 +147,7 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
     totals, per_name = reward_set(questions, greedy, answers)
     metrics = {"num_prompts": len(examples)}
     if is_gsm8k_style(answers):
-        metrics["accuracy"] = number_metrics([[t] for t in greedy], answers)["pass@1"]
+        metrics.update(accuracy_metrics(greedy, answers))
         if sampled is not None:
             metrics.update(number_metrics(sampled, answers))
     if any("rouge" in name for name in per_name):

@@ -4,7 +4,8 @@ One step: take prompts_per_step * gradient_accumulation_steps prompts, sample G 
 for each (one batched decode) and score them (rollout/), turn the scores into group-relative
 advantages (algorithm/), make num_iterations optimizer updates on those completions (update/),
 then log the step and checkpoint it when due (run/). With grpo.dynamic_sampling, groups whose
-rewards are all equal are dropped and more prompts drawn. `setup` (commands/setup.py) builds
+rewards are all equal are dropped and more prompts drawn; with training.skip_zero_signal_steps a
+step where no group has spread (and beta = 0) makes no update. `setup` (commands/setup.py) builds
 what the loop runs on; this file composes the stages, and its `main` is the command line's.
 """
 
@@ -19,6 +20,7 @@ import mlx.core as mx
 from mlx.utils import tree_flatten
 
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
+from mlx_grpo.algorithm.zero_signal import zero_signal
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.plan import memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
@@ -43,6 +45,8 @@ from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_p
 from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest
 from mlx_grpo.run.trackers import Trackers, check_installed
 from mlx_grpo.run.watch import RunWatcher
+from mlx_grpo.run.tripwires import Tripwires
+from mlx_grpo.update.movement import MovementCheck
 from mlx_grpo.update.step import optimize
 
 
@@ -86,6 +90,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
     memory_first(cfg, tr, world)  # a run that cannot hold its longest samples stops here, not at step 600
+    # rank 0 alone: every rank holds the same parameters
+    moved = MovementCheck(tr.model, tr.optimizer, cfg.logging.warn_unmoved_after) if world.is_main else None
 
     # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
@@ -100,7 +106,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
                 kept, drawn, sampling_metrics, parts = sample(draw, step, groups, t.gradient_accumulation_steps,
                                                               g.dynamic_sampling, g.max_resample_rounds, world)
                 update_metrics = {}  # none when no group was kept or the update was skipped
-                if kept.rewards:
+                skipped = skip_zero_signal(kept, cfg, world)
+                if kept.rewards and not skipped:
                     try:
                         update_metrics = update(tr, kept, parts, world, console.updating)
                     except NonFiniteError as e:  # the step's row then has no loss, as for a skipped update
@@ -111,6 +118,10 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
                 log.finish(ckpt, t.max_steps, stopped=True)
             raise RunStopped(signal.SIGTERM, step - 1, ckpt, abandoned=True) from None
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
+        if t.skip_zero_signal_steps:
+            metrics["zero_signal_skipped"] = float(skipped)
+        if moved:
+            metrics.update(moved(tr.model, tr.optimizer))
         if run_eval and step % cfg.eval.every == 0:
             console.evaluating()
             metrics.update(run_eval(tr.model))
@@ -161,6 +172,15 @@ def update(tr: Trainer, kept: ScoredRollout, parts: int, world, on_progress=None
     """Advantages, then num_iterations optimizer updates on the kept completions; their metrics."""
     return optimize(tr.model, tr.optimizer, tr.ref_model, kept.rollout, kept.rewards,
                     tr.settings.with_parts(parts), world, grad_fn=tr.grad_fn, on_progress=on_progress)
+
+
+def skip_zero_signal(kept: ScoredRollout, cfg, world) -> bool:
+    """With training.skip_zero_signal_steps: whether this step's update has a zero gradient on
+    every rank (beta = 0, no group with reward spread), so AdamW is not called at all."""
+    if not cfg.training.skip_zero_signal_steps or not kept.rewards:
+        return False
+    flat = zero_signal(kept.rewards, kept.rollout.group_size, cfg.grpo.beta)
+    return world.sum([float(not flat)])[0] == 0  # all ranks skip together, or none does
 
 
 def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,
@@ -239,8 +259,8 @@ def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int,
 
 
 class StepLog:
-    """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console
-    and the live warnings."""
+    """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console,
+    the live warnings and the tripwires."""
 
     def __init__(self, cfg, fresh: bool):
         out = self.out = Path(cfg.output_dir)
@@ -248,7 +268,7 @@ class StepLog:
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
-        self.watcher = RunWatcher.from_config(cfg.logging)
+        self.watchers = (RunWatcher.from_config(cfg.logging), Tripwires.from_config(cfg.logging))
         self.trackers = Trackers(cfg, say)  # logging.report_to: each gets what metrics.jsonl gets
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
 
@@ -269,15 +289,17 @@ class StepLog:
             self.trackers.samples(step, rows)
         if any(key.startswith("eval/") for key in metrics):
             console.print("\n".join(format_eval(metrics, width())))
-        for warning in self.watcher.update(metrics):
-            console.print(warning)
+        for watcher in self.watchers:
+            for warning in watcher.update(metrics):
+                console.print(warning)
 
     def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
         """The end-of-run summary; after a clean stop too."""
         self.trackers.close()
-        if self.watcher.summary():
-            say(self.watcher.summary())
-        warnings = sum(self.watcher.counts.values())
+        for watcher in self.watchers:
+            if watcher.summary():
+                say(watcher.summary())
+        warnings = sum(sum(w.counts.values()) for w in self.watchers)
         for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
                                    ckpt, warnings, stopped):
             say(line)

@@ -113,6 +113,9 @@ class TrainingConfig:
     # one update at the longest shapes before step 1, so a run that cannot hold them stops now:
     # "auto" = when `mlx-grpo plan` puts the peak above half the device's memory; "always", "never"
     worst_case_first: str = "auto"
+    # beta = 0 and no group with reward spread: the gradient is 0, skip AdamW's update (algorithm/zero_signal.py);
+    # off: measured no better on average (README, scripts/zero_signal_table.py)
+    skip_zero_signal_steps: bool = False
 
 
 @dataclass
@@ -129,6 +132,11 @@ class LoggingConfig:
     warn_clipped_ratio: float = 0.5  # completions/clipped_ratio above this
     warn_kl: float = 1.0  # kl above this
     warn_reward_falling_steps: int = 50  # reward trending down over this many steps
+    # Tripwires (mlx_grpo/run/tripwires.py); 0 turns one off.
+    warn_truncated_rewarded: float = 0.1  # share of completions cut at the cap yet paid, above which it warns
+    warn_format_window: int = 20  # W: a format reward's rise over 2W steps while correctness stays flat
+    warn_eval_drop: float = 0.02  # the held-out score fell this much between evaluations as training reward rose
+    warn_unmoved_after: int = 10  # updates after which every trainable tensor must have changed
 
 
 @dataclass

@@ -2,7 +2,8 @@
 
 Each is a plain function ``fn(prompts, completions, answers, **kwargs) -> list[float]``; a wrong
 or unparseable answer scores 0.0. `extract_reference_number` and `extract_predicted_number` are
-shared with evaluation, which scores the same numbers as accuracy, maj@K and pass@K, and
+shared with evaluation, which scores the same numbers as accuracy, maj@K and pass@K, with
+`extract_strict_number` and `extract_last_number` for its strict and lenient accuracy, and
 `rouge_scorer` with its ROUGE metrics. Pure Python: no MLX here.
 """
 
@@ -41,6 +42,26 @@ def extract_predicted_number(completion: str) -> str | None:
     """The last number inside the last <answer>...</answer>, else the last number anywhere."""
     tagged = _ANSWER_TAG.findall(completion)
     return _last_number(tagged[-1] if tagged else completion)
+
+
+# The strict reading: lm-eval-harness's GSM8K "strict-match" pattern, plus an optional "$".
+_HASHES = re.compile(r"####\s*\$?(-?[0-9.,]+)")
+
+
+def extract_strict_number(completion: str) -> str | None:
+    """The answer in the expected format, or None: the content of the last <answer>...</answer>
+    when it is one number and nothing else ('$1,000.' counts, 'x = 5' does not), else, without
+    an answer tag, the number right after the last '####' (GSM8K's own format)."""
+    tagged = _ANSWER_TAG.findall(completion)
+    if tagged:
+        return _normalize_number(tagged[-1])
+    found = _HASHES.findall(completion)
+    return _normalize_number(found[-1]) if found else None
+
+
+def extract_last_number(completion: str) -> str | None:
+    """The lenient reading: the last number anywhere in the text, whatever the format."""
+    return _last_number(completion)
 
 
 def _same_number(a: str | None, b: str | None) -> bool:

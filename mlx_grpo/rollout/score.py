@@ -122,6 +122,8 @@ def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> d
         "completions/min_length": float(min(lengths)),
         "completions/max_length": float(max(lengths)),
         "completions/clipped_ratio": float(np.mean(cols["truncated"])),
+        # cut at max_new_tokens (never reached EOS) and still paid: tripwires.py watches it
+        "completions/clipped_rewarded_ratio": float(np.mean([c > 0 and r > 0 for c, r in zip(cols["truncated"], rewards)])),
     }
     for name in drawn.per_name:
         scores = cols[f"rewards/{name}"]

@@ -165,7 +165,8 @@ def _window(rows: list[dict], key: str) -> tuple[float, float, int] | None:
 def format_summary(rows: list[dict], wall_seconds: float, max_steps: int, checkpoint, warnings: int,
                    stopped: bool = False) -> list[str]:
     """The end of a run on the console: steps, wall time, the reward and each reward's first ->
-    last window, the best eval reward, the final checkpoint and the warnings count."""
+    last window, the steps skipped for want of signal, the best eval reward, the final checkpoint
+    and the warnings count."""
     minutes, seconds = divmod(round(wall_seconds), 60)
     last = rows[-1]["step"] if rows else 0
     lines = [f"mlx-grpo: {'stopped' if stopped else 'done'} after step {last} of {max_steps}, "
@@ -178,6 +179,11 @@ def format_summary(rows: list[dict], wall_seconds: float, max_steps: int, checkp
         for key in sorted(k for k in rows[-1] if k.startswith("rewards/") and k.endswith("/mean")):
             first, final, _ = _window(rows, key)
             lines.append(f"mlx-grpo:   {key.split('/')[1][:40]} {first:.3f} -> {final:.3f}")
+    skipped = [r for r in rows if "zero_signal_skipped" in r]
+    if skipped:
+        n = sum(bool(r["zero_signal_skipped"]) for r in skipped)
+        lines.append(f"mlx-grpo: {n} of {len(skipped)} steps without reward spread (beta = 0): update skipped "
+                     "(training.skip_zero_signal_steps)")
     evals = [r for r in rows if isinstance(r.get("eval/reward"), (int, float))]
     if evals:
         best = max(evals, key=lambda r: r["eval/reward"])

@@ -3,6 +3,7 @@ one line for every bad file (issue 19). Each case is a unit call or a 1-2 step r
 
 import json
 import os
+import re
 import signal
 import socket
 import subprocess
@@ -316,7 +317,9 @@ def test_sigterm_abandons_at_once_a_step_the_earlier_ones_say_is_long(capsys):
     finished, took, stop = _stop_in([2.0, 30.0], signal_at=0.3)
     # the step had 29.7 s left: seconds, not the step's end (bounds wide for a loaded machine)
     assert finished == [1] and took < 5.0 and stop.signum == signal.SIGTERM
-    assert "abandoning this step (about 2 s of it are left by the earlier steps)" in capsys.readouterr().err
+    # about 2 s less the signal's delay, which a loaded machine stretches
+    assert re.search(r"abandoning this step \(about [12] s of it are left by the earlier steps\)",
+                     capsys.readouterr().err)
     assert signal.getsignal(signal.SIGALRM) is signal.SIG_DFL  # the grace timer is gone
 
 

@@ -186,3 +186,26 @@ def test_mask_truncated_completions_leaves_truncated_rows_out_of_the_loss(random
             _assert_same(a, b, rtol=1e-6, atol=1e-9)
         else:
             assert any(not mx.allclose(a[1][k], b[1][k], rtol=1e-4, atol=1e-6).item() for k in a[1])
+
+
+def test_one_eval_per_micro_batch_gives_the_same_update_at_a_lower_peak(random_qwen2):
+    """The reason for EVAL_EACH_MICRO_BATCH: built lazily, one eval per update holds every
+    micro-batch's activations at once (6 micro-batches of one row here)."""
+    cfg = _cfg("dapo", "training.micro_batch_size=1")
+    batches = prepare_batches(random_qwen2, random_qwen2, _rollout(), [1.0, 0.0, 0.5, 0.0, 1.0, 1.0], cfg)
+    grad_fn = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=False)
+    start = {k: mx.array(v) for k, v in tree_flatten(random_qwen2.parameters())}
+    results = []
+    for eval_each in (True, False):
+        random_qwen2.update(tree_unflatten(list(start.items())))
+        mx.eval(random_qwen2.parameters())
+        mx.reset_peak_memory()
+        loss, norm, metrics = update(random_qwen2, optim.SGD(learning_rate=0.1), batches, grad_fn, cfg,
+                                     eval_each=eval_each)
+        peak = mx.get_peak_memory()
+        results.append((loss, norm, metrics, dict(tree_flatten(random_qwen2.parameters())), peak))
+    (loss_a, norm_a, m_a, w_a, peak_each), (loss_b, norm_b, m_b, w_b, peak_once) = results
+    assert (loss_a, norm_a, m_a) == (loss_b, norm_b, m_b)
+    assert all(mx.array_equal(w_a[k], w_b[k]).item() for k in w_a)
+    print(f"peak {peak_each} B evaluating each micro-batch, {peak_once} B once")
+    assert peak_once > 1.5 * peak_each

@@ -21,10 +21,11 @@ from mlx_grpo.update.batches import MicroBatch, prepare_batches
 from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.update.settings import UpdateSettings
 
-# mx.compile on the micro-batch gradient: correct (tests/test_update_step.py) but measured
-# slower on the CPU backend (builtin:tiny fwd+bwd 0.74 s plain vs 0.89 s compiled; `mlx-grpo
-# bench` prints both), so off; rerun the bench on Metal before turning it on there.
-COMPILE_STEP = False
+# mx.compile on the micro-batch gradient where it measures faster: the CPU backend gave it
+# slower once (builtin:tiny 0.89 s vs 0.74 s plain) and faster in medians of 3-4 runs (tiny
+# 0.49 vs 0.51 s, small 4.63 vs 4.92 s), so a constant would be wrong somewhere; "auto" times
+# both at each new shape and keeps the faster (update/grad.FasterOf).
+COMPILE_STEP = "auto"
 
 # One mx.eval per micro-batch, not one per update: built lazily, the whole update's graph keeps
 # every micro-batch's activations alive until the single eval, so the peak grows with the number
@@ -59,7 +60,7 @@ def make_loss_fn(settings):
 def make_update_grad_fn(model, settings):
     """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so (never with
     shared prefixes: their micro-batches hold lists of prompts, which the compiled step's
-    arrays-only batch cannot carry)."""
+    arrays-only batch cannot carry, and each prompt length would be a new trace)."""
     s = UpdateSettings.of(settings)
     return make_grad_fn(model, make_loss_fn(s), compiled=COMPILE_STEP and not s.shared_prefix)
 

@@ -49,7 +49,8 @@ GB = 1e9
 
 
 def bench_config(model_path: str, prompts: int, generations: int, max_new_tokens: int, overrides=()):
-    """The trainer's defaults (full fine-tune, beta 0.04) at the benchmark's shapes."""
+    """The trainer's defaults (full fine-tune; beta 0, so no reference pass, unless overridden) at the
+    benchmark's shapes."""
     return load_config(None, [
         f"model.path={json.dumps(model_path)}", f"training.prompts_per_step={prompts}",
         f"generation.num_generations={generations}", f"generation.max_new_tokens={max_new_tokens}",

@@ -24,7 +24,7 @@ class UpdateSettings:
     top_entropy_quantile: float
     temperature: float  # generation.temperature: the log-probs are of the sampled distribution
     max_new_tokens: int  # generation.max_new_tokens: dr_grpo's normaliser
-    shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once per pass
+    shared_prefix: bool = True  # training.shared_prefix: each group's prompt runs once per pass
 
     @classmethod
     def from_config(cls, cfg) -> "UpdateSettings":

@@ -2,6 +2,7 @@
 
     uv run python scripts/learning_table.py                       # 5 seeds x 4 float paths
     uv run python scripts/learning_table.py --seeds 0 --paths openblas
+    uv run python scripts/learning_table.py --set training.shared_prefix=false   # any train override
 
 For each seed and float path: `mlx-grpo train --config configs/smoke_test.toml` (seed and
 output folder changed), then `mlx-grpo eval` of the base and of the trained run on the 200
@@ -54,11 +55,12 @@ def stepwise_share(result: dict) -> float:
     return sum(s["completion"].split("</reasoning>")[0].count("\n") == 3 for s in two) / len(two)
 
 
-def one_cell(seed: int, path: str, work: Path) -> dict:
+def one_cell(seed: int, path: str, work: Path, overrides: list[str] = ()) -> dict:
     env = _env(path)
     run, before, after = work / f"{path}-{seed}", work / f"base-{path}.json", work / f"{path}-{seed}.json"
+    extra = [arg for o in overrides for arg in ("--set", o)]
     start = time.perf_counter()
-    _mlx_grpo(["train", "--config", SMOKE, "--set", f"seed={seed}", "--set", f'output_dir="{run}"'], env)
+    _mlx_grpo(["train", "--config", SMOKE, "--set", f"seed={seed}", "--set", f'output_dir="{run}"', *extra], env)
     seconds = time.perf_counter() - start
     if not before.exists():
         _mlx_grpo(["eval", "--config", SMOKE, "--out", str(before)], env)
@@ -94,6 +96,8 @@ def main(argv=None) -> int:
                         choices=["openblas", "openblas1", "haswell", "reference"])
     parser.add_argument("--jobs", type=int, default=1, help="cells run at once")
     parser.add_argument("--json", help="write every cell to this file")
+    parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
+                        help="passed to every training run (the base eval is the shipped model either way)")
     args = parser.parse_args(argv)
     with tempfile.TemporaryDirectory() as tmp:
         # One base eval per path first, so parallel cells do not race to write it.
@@ -101,7 +105,7 @@ def main(argv=None) -> int:
             _mlx_grpo(["eval", "--config", SMOKE, "--out", str(Path(tmp) / f"base-{path}.json")], _env(path))
         jobs = [(s, p) for p in args.paths for s in args.seeds]
         with ThreadPoolExecutor(args.jobs) as pool:
-            cells = list(pool.map(lambda job: one_cell(*job, Path(tmp)), jobs))
+            cells = list(pool.map(lambda job: one_cell(*job, Path(tmp), args.overrides), jobs))
     for c in cells:
         print(json.dumps(c), file=sys.stderr)
     if args.json:

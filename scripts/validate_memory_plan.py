@@ -16,8 +16,12 @@ import sys
 import tempfile
 from pathlib import Path
 
+# The planner models the padded update (every row's prompt scored); a shared-prefix update, the
+# default since, peaks lower (tiny, LoRA r8 + grad_checkpoint: 0.021 GB measured against 0.069
+# predicted), so the planner is an upper bound there and is checked on the padded path.
 BASE = ["training.max_steps=2", "training.prompts_per_step=4", "generation.num_generations=4",
-        "generation.max_new_tokens=32", "checkpoint.save_every=1000", "logging.log_completions=0"]
+        "generation.max_new_tokens=32", "checkpoint.save_every=1000", "logging.log_completions=0",
+        "training.shared_prefix=false"]
 LONG_SYSTEM = 'data.system_prompt="' + " ".join(["What is 2 + 7 - 3? 2 + 7 = 9 and 9 - 3 = 6."] * 12) + '"'
 CONFIGS = {  # name: --set items
     "full": [],

@@ -18,7 +18,7 @@ from mlx_grpo.run.log import read_metrics
 SMOKE = "configs/smoke_test.toml"
 BASE_ACCURACY = 0.570  # the shipped model, greedy, on the 200 held-out questions
 MIN_ACCURACY_GAIN = 0.08  # 0.110-0.190 measured
-MIN_REWARD_RISE = 0.01  # 0.022-0.095 measured
+MIN_REWARD_RISE = 0.01  # 0.026-0.095 measured
 
 
 def _eval(tmp_path, name, *model_args):

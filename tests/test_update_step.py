@@ -186,3 +186,63 @@ def test_mask_truncated_completions_leaves_truncated_rows_out_of_the_loss(random
             _assert_same(a, b, rtol=1e-6, atol=1e-9)
         else:
             assert any(not mx.allclose(a[1][k], b[1][k], rtol=1e-4, atol=1e-6).item() for k in a[1])
+
+
+def test_one_eval_per_micro_batch_gives_the_same_update_at_a_lower_peak(random_qwen2):
+    """The reason for EVAL_EACH_MICRO_BATCH: built lazily, one eval per update holds every
+    micro-batch's activations at once (6 micro-batches of one row here)."""
+    cfg = _cfg("dapo", "training.micro_batch_size=1")
+    batches = prepare_batches(random_qwen2, random_qwen2, _rollout(), [1.0, 0.0, 0.5, 0.0, 1.0, 1.0], cfg)
+    grad_fn = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=False)
+    start = {k: mx.array(v) for k, v in tree_flatten(random_qwen2.parameters())}
+    results = []
+    for eval_each in (True, False):
+        random_qwen2.update(tree_unflatten(list(start.items())))
+        mx.eval(random_qwen2.parameters())
+        mx.reset_peak_memory()
+        held = mx.get_active_memory()  # what earlier tests left alive is not the update's
+        loss, norm, metrics = update(random_qwen2, optim.SGD(learning_rate=0.1), batches, grad_fn, cfg,
+                                     eval_each=eval_each)
+        peak = mx.get_peak_memory() - held
+        results.append((loss, norm, metrics, dict(tree_flatten(random_qwen2.parameters())), peak))
+    (loss_a, norm_a, m_a, w_a, peak_each), (loss_b, norm_b, m_b, w_b, peak_once) = results
+    assert (loss_a, norm_a, m_a) == (loss_b, norm_b, m_b)
+    assert all(mx.array_equal(w_a[k], w_b[k]).item() for k in w_a)
+    print(f"update's peak {peak_each} B evaluating each micro-batch, {peak_once} B once")
+    assert peak_once > 1.5 * peak_each
+
+
+class _Clock:
+    """Fake perf_counter: returns the given times in order, counting the calls."""
+
+    def __init__(self, times):
+        self.times = list(times)
+
+    def __call__(self):
+        return self.times.pop(0)
+
+
+@pytest.mark.parametrize("plain_s, compiled_s, faster", [(5.0, 2.0, "compiled"), (1.0, 3.0, "plain")])
+def test_compile_decision_keeps_the_faster_per_shape(random_qwen2, plain_s, compiled_s, faster):
+    from mlx_grpo.update.grad import FasterOf, shape_key
+
+    cfg = _cfg("dapo", "training.micro_batch_size=4")
+    batches = prepare_batches(random_qwen2, random_qwen2, _rollout(), [1.0, 0.0, 0.5, 0.0, 1.0, 1.0], cfg)
+    assert [b.inputs.shape[0] for b in batches] == [4, 2]  # two shapes
+    plain = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=False)
+    compiled = make_grad_fn(random_qwen2, make_loss_fn(cfg), compiled=True)
+    # tic/toc of the tracing call, plain, then compiled, for each of the two shapes
+    clock = _Clock([0.0, 7.0, 8.0, 8.0 + plain_s, 10.0, 10.0 + compiled_s] * 2)  # trace, plain, compiled
+    grad_fn = FasterOf(plain, compiled, clock=clock)
+    (loss, _), grads = grad_fn(batches[0])
+    key = shape_key(batches[0])
+    assert grad_fn.choice == {key: faster} and grad_fn.seconds[key] == {"plain": plain_s, "compiled": compiled_s}
+    (again, _), _ = grad_fn(batches[0])  # decided: no timing, the chosen function alone
+    assert len(clock.times) == 6 and again.item() == loss.item()
+    grad_fn(batches[1])  # a new shape is measured once more
+    assert not clock.times and set(grad_fn.choice.values()) == {faster} and len(grad_fn.choice) == 2
+    # On the CPU backend the choice changes the speed, not the numbers.
+    (ref_loss, _), ref_grads = plain(batches[0])
+    assert mx.array_equal(loss, ref_loss).item()
+    assert all(mx.array_equal(g, ref).item() for g, ref in
+               zip(dict(tree_flatten(grads)).values(), dict(tree_flatten(ref_grads)).values()))

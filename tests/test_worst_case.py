@@ -23,9 +23,13 @@ SHAPES = ["training.prompts_per_step=2", "generation.num_generations=4", "data.m
           "training.learning_rate=1e-3"]
 
 
-def test_the_probe_runs_at_the_longest_shapes_and_changes_no_weight_or_random_state():
+# the micro-batch's (inputs, targets) shapes: padded rows hold 70 + 40 tokens padded to 128 and
+# 40 completion tokens padded to 64; with shared prefixes the prompt runs apart and the rows
+# hold the completion alone
+@pytest.mark.parametrize("shared, inputs", [(False, (3, 128)), (True, (3, 64))])
+def test_the_probe_runs_at_the_longest_shapes_and_changes_no_weight_or_random_state(shared, inputs):
     cfg = load_config(SMOKE, SHAPES + ["lora.enabled=true", "lora.rank=4", "lora.dropout=0.1",
-                                       "training.micro_batch_size=3"])
+                                       "training.micro_batch_size=3", f"training.shared_prefix={str(shared).lower()}"])
     tr = setup(cfg, total_updates=1)
     shapes = []
 
@@ -37,8 +41,7 @@ def test_the_probe_runs_at_the_longest_shapes_and_changes_no_weight_or_random_st
     tr.model.eval()
     rng = capture_rng()
     probe = worst_case_update(tr.model, tr.ref_model, grad_fn, tr.settings, cfg)
-    # 3 of the 8 rows (the micro-batch), 70 + 40 tokens padded to 128, 40 completion tokens to 64
-    assert shapes == [((3, 128), (3, 64))]
+    assert shapes == [(inputs, (3, 64))]  # 3 of the 8 rows: the micro-batch
     assert (probe["rows"], probe["tokens"]) == (3, 110) and probe["peak_gb"] > 0
     assert capture_rng() == rng  # LoRA dropout drew random numbers; they were put back
     assert tr.model.training is False

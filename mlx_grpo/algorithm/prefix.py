@@ -65,8 +65,8 @@ def group_logits(model, prompt: mx.array, inputs: mx.array) -> mx.array:
     body = _body(model)
     if prompt.shape[0] > 1:
         body(prompt[None, :-1], cache=cache)  # (1, P-1): keys/values only, no head
-        for c in cache:
-            c.keys, c.values = (mx.repeat(a, inputs.shape[0], axis=0) for a in (c.keys, c.values))
+        for c in cache:  # a broadcast view: the concatenation with the completions' keys is the one copy
+            c.keys, c.values = (mx.broadcast_to(a, (inputs.shape[0], *a.shape[1:])) for a in (c.keys, c.values))
     return _head(model, body(inputs, cache=cache))
 
 

@@ -49,7 +49,8 @@ GB = 1e9
 
 
 def bench_config(model_path: str, prompts: int, generations: int, max_new_tokens: int, overrides=()):
-    """The trainer's defaults (full fine-tune, beta 0.04) at the benchmark's shapes."""
+    """The trainer's defaults (full fine-tune; beta 0, so no reference pass, unless overridden) at the
+    benchmark's shapes."""
     return load_config(None, [
         f"model.path={json.dumps(model_path)}", f"training.prompts_per_step={prompts}",
         f"generation.num_generations={generations}", f"generation.max_new_tokens={max_new_tokens}",
@@ -186,6 +187,12 @@ def _limit(tr, rollout, batches, fb_fns) -> dict:
             "forward_backward_peak_memory_gb": fb_peak}
 
 
+def _compile_choices(grad_fn) -> list[dict]:
+    """The trainer's measured compile decisions (update/grad.FasterOf), one per shape; [] if none."""
+    return [{"shapes": [list(k[1]) for k in key[1:] if k[0] == "inputs"], "choice": grad_fn.choice[key],
+             "seconds": grad_fn.seconds[key]} for key in getattr(grad_fn, "choice", {})]
+
+
 def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> dict:
     """Warm-up step, then `steps` measured steps each followed by its limit; the report as a dict."""
     bench = _Bench(cfg, prompt_tokens)
@@ -206,7 +213,8 @@ def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> d
         "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
         "generations": cfg.generation.num_generations, "max_new_tokens": cfg.generation.max_new_tokens,
         "micro_batch_size": cfg.training.micro_batch_size, "beta": cfg.grpo.beta,
-        "compiled_step": COMPILE_STEP, "measured_steps": steps, "shared_prefix": cfg.training.shared_prefix,
+        "compiled_step": COMPILE_STEP, "compile_choices": _compile_choices(tr.grad_fn),
+        "measured_steps": steps, "shared_prefix": cfg.training.shared_prefix,
         "prompt_tokens": prompt_tokens,
         "step": step, "limit": limit,
         "step_over_limit": step["total_s"] / limit["total_s"],
@@ -239,6 +247,9 @@ def format_report(r: dict) -> str:
         f"{'peak memory (GB)':24}{s['update_peak_memory_gb']:10.3f}{lim['forward_backward_peak_memory_gb']:10.3f}"
         f"   update / fwd+bwd {r['update_memory_over_forward_backward']:.2f}; step peak {r['peak_memory_gb']:.3f}",
     ]
+    for c in r.get("compile_choices", []):
+        lines.append(f"update's compile decision at inputs {c['shapes'][0]}: {c['choice']} "
+                     f"(plain {c['seconds']['plain']:.2f} s, compiled {c['seconds']['compiled']:.2f} s)")
     return "\n".join(lines)
 
 

@@ -108,7 +108,7 @@ class TrainingConfig:
     adam_betas: list[float] = field(default_factory=lambda: [0.9, 0.999])  # bias-corrected AdamW
     max_grad_norm: float = 1.0  # 0 = no clipping
     grad_checkpoint: bool = False
-    shared_prefix: bool = False  # each group's prompt runs once in every scoring pass (update, reference, old log-probs)
+    shared_prefix: bool = True  # each group's prompt runs once in every scoring pass (update, reference, old log-probs)
     max_bad_steps: int = 0  # steps with a NaN/inf loss or gradient to skip before stopping
     # one update at the longest shapes before step 1, so a run that cannot hold them stops now:
     # "auto" = when `mlx-grpo plan` puts the peak above half the device's memory; "always", "never"

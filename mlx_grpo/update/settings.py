@@ -40,7 +40,7 @@ class UpdateSettings:
     top_entropy_quantile: float
     temperature: float  # generation.temperature: the log-probs are of the sampled distribution
     max_new_tokens: int  # generation.max_new_tokens: dr_grpo's normaliser
-    shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once per pass
+    shared_prefix: bool = True  # training.shared_prefix: each group's prompt runs once per pass
     # grpo.importance_sampling_correction with "auto" resolved (see `resolve_correction`)
     importance_sampling_correction: str = "none"
     importance_sampling_cap: float = 3.0

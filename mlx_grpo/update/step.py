@@ -21,10 +21,21 @@ from mlx_grpo.update.batches import MicroBatch, prepare_batches
 from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.update.settings import UpdateSettings
 
-# mx.compile on the micro-batch gradient: correct (tests/test_update_step.py) but measured
-# slower on the CPU backend (builtin:tiny fwd+bwd 0.74 s plain vs 0.89 s compiled; `mlx-grpo
-# bench` prints both), so off; rerun the bench on Metal before turning it on there.
-COMPILE_STEP = False
+# mx.compile on the micro-batch gradient where it measures faster: the CPU backend gave it
+# slower once (builtin:tiny 0.89 s vs 0.74 s plain) and faster in medians of 3-4 runs (tiny
+# 0.49 vs 0.51 s, small 4.63 vs 4.92 s), so a constant would be wrong somewhere; "auto" times
+# both at each new shape and keeps the faster (update/grad.FasterOf).
+COMPILE_STEP = "auto"
+
+# One mx.eval per micro-batch, not one per update: built lazily, the whole update's graph keeps
+# every micro-batch's activations alive until the single eval, so the peak grows with the number
+# of micro-batches, and it was no faster. Measured (P=2 x G=8, 64-token completions on 60-token
+# prompts, shared prefix, beta 0; 2-core CPU, load average 5-11, so times are rough): builtin:tiny
+# at micro-batch 2 (8 parts) peak 26.1 MB per micro-batch vs 90.1 MB once, update median 0.78 s
+# vs 1.29 s; at micro-batch 4, 36.4 vs 80.8 MB; builtin:small at micro-batch 4, 562 vs 878 MB,
+# 6.98 vs 8.14 s. mx.async_eval per micro-batch kept the per-micro-batch peak but was not
+# measurably faster (0.90 s vs 0.78 s on tiny). tests/test_update_step.py pins the peak.
+EVAL_EACH_MICRO_BATCH = True
 
 
 def make_loss_fn(settings):
@@ -53,24 +64,34 @@ def make_loss_fn(settings):
 def make_update_grad_fn(model, settings):
     """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so (never with
     shared prefixes: their micro-batches hold lists of prompts, which the compiled step's
-    arrays-only batch cannot carry)."""
+    arrays-only batch cannot carry, and each prompt length would be a new trace)."""
     s = UpdateSettings.of(settings)
     return make_grad_fn(model, make_loss_fn(s), compiled=COMPILE_STEP and not s.shared_prefix)
 
 
-def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=None):
+def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=None,
+           eval_each=EVAL_EACH_MICRO_BATCH):
     """One optimizer update from the accumulated gradients of all micro-batches (of all ranks);
     returns (loss, grad_norm, loss metrics). A NaN or inf raises before the update is applied.
-    on_batch() is called after each micro-batch's forward and backward."""
+
+    on_batch() is called after each micro-batch's forward and backward. eval_each: evaluate after
+    every micro-batch (see EVAL_EACH_MICRO_BATCH) or build the whole update lazily and evaluate
+    it once."""
     s = UpdateSettings.of(settings)
     scale = 1.0 / s.accumulation_steps if DIVIDES_BY_ACCUMULATION[s.loss_type] else 1.0
-    total_loss, grads, sums, tokens, extremes = 0.0, None, {}, 0.0, {}
+    grads, parts = None, []
     for batch in batches:
         (loss, metrics), g = grad_fn(batch)
         g = tree_map(lambda x: x * scale, g)
         grads = g if grads is None else tree_map(mx.add, grads, g)
-        n = batch.mask.sum()
-        mx.eval(loss, grads, metrics, n)
+        parts.append((loss, batch.mask.sum(), metrics))
+        if eval_each:
+            mx.eval(grads, parts[-1])
+        if on_batch:
+            on_batch()
+    mx.eval(grads, parts)
+    total_loss, tokens, sums, extremes = 0.0, 0.0, {}, {}
+    for loss, n, metrics in parts:  # summed in Python floats, as the logged metrics always were
         total_loss += loss.item() * scale
         tokens += n.item()
         for key, v in metrics.items():
@@ -78,8 +99,6 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=
                 _keep_extreme(extremes, key, v.item())
             else:
                 sums[key] = sums.get(key, 0.0) + v.item() * n.item()
-        if on_batch:
-            on_batch()
     grads = world.average_gradients(grads)
     total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
     sums = dict(zip(sums, totals))

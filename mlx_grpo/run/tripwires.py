@@ -20,6 +20,8 @@ tested on hand-made metric sequences. The keys are `[logging]`'s `warn_*`; 0 tur
 
 from dataclasses import dataclass, field
 
+from mlx_grpo.run.watch import PrintedOnce
+
 # Reward names the format tripwire reads: the built-in format and correctness rewards.
 FORMAT_REWARDS = ("xml_format",)
 CORRECTNESS_REWARDS = ("gsm8k_correctness",)
@@ -73,8 +75,10 @@ def train_up_eval_down(rewards: dict[int, float], evals: list[tuple[int, float]]
 
 
 @dataclass
-class Tripwires:
+class Tripwires(PrintedOnce):
     """Checks each step's metrics row; thresholds as in the `[logging]` keys (0 = off)."""
+
+    label = "tripwire"
 
     truncated_rewarded: float = 0.1
     format_window: int = 20
@@ -90,25 +94,6 @@ class Tripwires:
     def from_config(cls, logging_cfg) -> "Tripwires":
         c = logging_cfg
         return cls(c.warn_truncated_rewarded, c.warn_format_window, c.warn_eval_drop)
-
-    def update(self, m: dict) -> list[str]:
-        """The tripwires to print for this step: only the first firing of each kind."""
-        out = []
-        for name, text in self._checks(m):
-            if not text:
-                continue
-            self.counts[name] = self.counts.get(name, 0) + 1
-            if self.counts[name] == 1:
-                self.first_step[name] = m.get("step", 0)
-                out.append(f"mlx-grpo: tripwire at step {m.get('step', '?')}: {text} "
-                           "(printed once; later occurrences are counted)")
-        return out
-
-    def summary(self) -> str | None:
-        if not self.counts:
-            return None
-        parts = [f"{name} x{n} (first at step {self.first_step[name]})" for name, n in self.counts.items()]
-        return "mlx-grpo: tripwires this run: " + ", ".join(parts)
 
     def _checks(self, m: dict):
         share = m.get("completions/clipped_rewarded_ratio")

@@ -39,8 +39,37 @@ def trend_t(values) -> float:
     return slope / stderr
 
 
+class PrintedOnce:
+    """Each kind printed in full the first time it fires, then only counted: `update` takes a
+    step's metrics row and returns the lines to print now, `summary` the counts at the end.
+    A subclass holds `counts` and `first_step` dicts and yields (kind, text or None) from
+    `_checks(m)`; `label` names what it reports ("warning", "tripwire")."""
+
+    label = "warning"
+
+    def update(self, m: dict) -> list[str]:
+        """The lines to print for this step: only the first firing of each kind."""
+        out = []
+        for name, text in self._checks(m):
+            if not text:
+                continue
+            self.counts[name] = self.counts.get(name, 0) + 1
+            if self.counts[name] == 1:
+                self.first_step[name] = m.get("step", 0)
+                out.append(f"mlx-grpo: {self.label} at step {m.get('step', '?')}: {text} "
+                           "(printed once; later occurrences are counted)")
+        return out
+
+    def summary(self) -> str | None:
+        """One line with how often each kind fired, or None if none did."""
+        if not self.counts:
+            return None
+        parts = [f"{name} x{n} (first at step {self.first_step[name]})" for name, n in self.counts.items()]
+        return f"mlx-grpo: {self.label}s this run: " + ", ".join(parts)
+
+
 @dataclass
-class RunWatcher:
+class RunWatcher(PrintedOnce):
     """Checks each step's metrics against the `[logging]` thresholds (0 = check off)."""
 
     zero_std_frac: float = 0.9  # frac_reward_zero_std above this ...
@@ -62,25 +91,6 @@ class RunWatcher:
         c = logging_cfg
         return cls(c.warn_zero_std_frac, c.warn_zero_std_steps, c.warn_grad_norm_factor,
                    c.warn_clipped_ratio, c.warn_kl, c.warn_reward_falling_steps)
-
-    def update(self, m: dict) -> list[str]:
-        """The warnings to print for this step: only the first firing of each kind."""
-        fired = [(name, text) for name, text in self._checks(m) if text]
-        out = []
-        for name, text in fired:
-            self.counts[name] = self.counts.get(name, 0) + 1
-            if self.counts[name] == 1:
-                self.first_step[name] = m.get("step", 0)
-                out.append(f"mlx-grpo: warning at step {m.get('step', '?')}: {text} "
-                           "(printed once; later occurrences are counted)")
-        return out
-
-    def summary(self) -> str | None:
-        """One line with how often each warning fired, or None if none did."""
-        if not self.counts:
-            return None
-        parts = [f"{name} x{n} (first at step {self.first_step[name]})" for name, n in self.counts.items()]
-        return "mlx-grpo: warnings this run: " + ", ".join(parts)
 
     def _checks(self, m: dict):
         yield "no_signal", self._zero_std(m.get("frac_reward_zero_std"))

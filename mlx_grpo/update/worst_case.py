@@ -58,13 +58,18 @@ def worst_case_rollout(model, cfg, world=SINGLE) -> tuple[int, int]:
             model(mx.zeros((batch, min(KV_CHUNK, tokens - start)), dtype=mx.int32), cache=cache)
             mx.eval([c.state for c in cache])
     except RuntimeError as e:  # MLX's allocation failures
-        raise TrainingError(
-            f"worst case first: the rollout's KV cache at the longest shapes ({batch} sequences x {tokens} "
-            f"tokens) failed ({' '.join(str(e).split())[:200]}); `mlx-grpo plan` suggests smaller settings") from e
+        raise probe_failed(f"the rollout's KV cache at the longest shapes ({batch} sequences x {tokens} tokens)",
+                           e) from e
     finally:
         model.train(was_training)
     del cache
     return batch, tokens
+
+
+def probe_failed(what: str, e: RuntimeError) -> TrainingError:
+    """One line for a probe MLX could not allocate: what failed, MLX's reason, what to do."""
+    return TrainingError(f"worst case first: {what} failed ({' '.join(str(e).split())[:200]}); "
+                         "`mlx-grpo plan` suggests smaller settings")
 
 
 def worst_case_rows(cfg, world=SINGLE) -> Rollout:
@@ -90,9 +95,7 @@ def worst_case_update(model, ref_model, grad_fn, settings, cfg, world=SINGLE) ->
         (loss, _), grads = grad_fn(batch)
         mx.eval(loss, grads)
     except RuntimeError as e:  # MLX's allocation failures
-        raise TrainingError(
-            f"worst case first: one update at the longest shapes ({batch_shape(cfg, rollout)}) failed "
-            f"({' '.join(str(e).split())[:200]}); `mlx-grpo plan` suggests smaller settings") from e
+        raise probe_failed(f"one update at the longest shapes ({batch_shape(cfg, rollout)})", e) from e
     finally:
         model.train(was_training)
         restore_rng(rng)

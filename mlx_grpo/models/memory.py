@@ -213,8 +213,9 @@ def _groups_in_chunk(rows: int, part_rows: int, group_size: int) -> int:
     return max(-(-min(lo + rows, part_rows) // group_size) - lo // group_size for lo in range(0, part_rows, rows))
 
 
-def _update_tokens(run: RunShape, rows: int) -> tuple[float, float]:
-    """(tokens, sum over tokens of the keys each attends over) of one micro-batch's forward.
+def _update_tokens(run: RunShape, rows: int, groups: int) -> tuple[int, int]:
+    """(tokens, sum over tokens of the keys each attends over) of a micro-batch of `rows` rows
+    holding `groups` prompts.
 
     Padded: rows x L tokens, each over L. Shared prefix (algorithm/prefix.py): each group's
     prompt once, P - 1 tokens over P - 1 keys, and rows x T completion inputs, each over the
@@ -223,8 +224,13 @@ def _update_tokens(run: RunShape, rows: int) -> tuple[float, float]:
     if not run.shared_prefix:
         return rows * L, rows * L * L
     P = max(run.max_prompt - 1, 0)  # the prefix pass is not padded
-    groups = _groups_in_chunk(rows, run.part_rows, run.group_size)
     return groups * P + rows * T, groups * P * P + rows * T * (P + T)
+
+
+def _layer_bytes(shape: ModelShape, tokens: int, attended: int) -> float:
+    """One layer's activations: a token costs ACT_HIDDEN * hidden plus ACT_ATTENTION * heads
+    per key it attends over, on both update paths (only the counts differ)."""
+    return ACT_HIDDEN * shape.hidden * tokens + ACT_ATTENTION * shape.heads * attended
 
 
 def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
@@ -244,13 +250,21 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     kv = decoding * slots * shape.layers * shape.kv_heads * shape.head_dim * 2 * b
     rows = min(run.micro_batch or run.part_rows, run.part_rows)
     T = _pad(run.max_new, PAD_TO)
-    # the same per-token constants for both update paths: a token costs ACT_HIDDEN * hidden plus
-    # ACT_ATTENTION * heads per key it attends over, so only the counts differ
-    tokens, attended = _update_tokens(run, rows)
-    layer = ACT_HIDDEN * shape.hidden * tokens + ACT_ATTENTION * shape.heads * attended  # bytes, one layer
+    groups = _groups_in_chunk(rows, run.part_rows, run.group_size)
+    tokens, attended = _update_tokens(run, rows, groups)
+    layer = _layer_bytes(shape, tokens, attended)
     half = ACT_HALF if b == 2 else 1.0
     if run.grad_checkpoint:
-        stored = (tokens * CKPT_STORED * shape.layers * shape.hidden + CKPT_LAYERS * layer) * half
+        recomputed = CKPT_LAYERS * layer
+        if run.shared_prefix:
+            # prefix.py runs each group's passes apart, and the peak grows far less with the
+            # groups than CKPT_LAYERS layers of the whole micro-batch would: one plain layer of it
+            # plus CKPT_LAYERS - 1 of one group's. A shape chosen from, not fitted to,
+            # `scripts/measure_memory.py shared` (tiny, full and LoRA r8, 1-8 prompts x 4 rows,
+            # prompts 32-320, completions 32-96): -6% to +56% off, the long prompts over.
+            one = _layer_bytes(shape, *_update_tokens(run, min(run.group_size, rows), 1))
+            recomputed = layer + (CKPT_LAYERS - 1) * min(one, layer)
+        stored = (tokens * CKPT_STORED * shape.layers * shape.hidden + recomputed) * half
         micro = (stored + CKPT_GRADS * trainable * b) * (LORA_CHECKPOINTED if run.lora else 1.0)
     else:
         micro = layer * shape.layers * (LORA_PLAIN if run.lora else 1.0) * half

@@ -14,6 +14,7 @@ Prints, for builtin:NAME (float32, this backend):
 
     uv run python scripts/measure_memory.py logits    # LOGIT_COPIES
     uv run python scripts/measure_memory.py bfloat16  # ACT_HALF (slow: bfloat16 on the CPU backend)
+    uv run python scripts/measure_memory.py shared    # the checkpointed shared-prefix update against the plan
 
 The completion logits' share of the update, which the built-ins' 322-token vocabulary is too
 small to show: the same small random qwen2 (2 layers x 64, its embedding frozen so that no
@@ -202,6 +203,48 @@ def half_ratio() -> float:
     return float(np.mean(ratios))
 
 
+# (prompts per micro-batch, prompt tokens, completion tokens), 4 completions a prompt
+SHARED_GRID = [(2, 32, 32), (4, 32, 32), (8, 32, 32), (4, 32, 96), (1, 320, 32), (2, 320, 32), (4, 320, 32),
+               (4, 160, 64)]
+
+
+def shared_checkpointed() -> None:
+    """builtin:tiny's checkpointed update with shared prefixes (full and LoRA r8): the measured
+    peak above what is allocated before it against the planner's update activations + logits."""
+    from mlx_grpo.models.load import resolve_model_path
+    from mlx_grpo.models.memory import predict, read_model_shape, run_shape
+    from mlx_grpo.rollout.sample import Rollout
+    from mlx_grpo.update.optimizer import make_optimizer
+    from mlx_grpo.update.settings import UpdateSettings
+    from mlx_grpo.update.step import optimize
+
+    shape = read_model_shape(resolve_model_path("builtin:tiny"))
+    for sets in ([], ["lora.enabled=true"]):
+        cfg = load_config(None, ['model.path="builtin:tiny"', "training.grad_checkpoint=true",
+                                 "training.shared_prefix=true", "generation.num_generations=4", *sets])
+        model, *_ = build_policy(cfg)
+        optimizer, settings = make_optimizer(cfg.training, 100), UpdateSettings.from_config(cfg)
+        rng, vocab = np.random.default_rng(0), model.args.vocab_size
+        for i, (groups, p, t) in enumerate([(1, 32, 32)] + SHARED_GRID):  # the first makes the optimizer state
+            prompts = [prompt for _ in range(groups) for prompt in [rng.integers(3, vocab, p).tolist()] * 4]
+            rows = len(prompts)
+            rollout = Rollout(prompts, [rng.integers(3, vocab, t).tolist() for _ in range(rows)], [""] * rows,
+                              [False] * rows, 4)
+            mx.eval(model.parameters())
+            base = mx.get_active_memory()
+            mx.reset_peak_memory()
+            optimize(model, optimizer, None, rollout, np.linspace(0, 1, rows).tolist(), settings)
+            if i == 0:
+                continue
+            cfg.training.prompts_per_step, cfg.data.max_prompt_tokens, cfg.generation.max_new_tokens = groups, p, t
+            plan = predict(shape, run_shape(cfg))
+            pred = plan["update activations"] + plan["logits"]
+            peak = mx.get_peak_memory() - base
+            print(f"  {'LoRA r8' if sets else 'full'} {groups} x 4 rows, prompt {p}, completion {t}: "
+                  f"{peak / 1e6:.1f} MB measured, {pred / 1e6:.1f} predicted ({100 * (pred / peak - 1):+.0f}%)")
+        del model
+
+
 def main(names: list[str]):
     pts = {}
     for name in names:
@@ -218,5 +261,5 @@ def main(names: list[str]):
 
 
 if __name__ == "__main__":
-    modes = {"logits": logit_copies, "bfloat16": half_ratio}
+    modes = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_checkpointed}
     modes[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in modes else main(sys.argv[1:] or ["tiny", "small"])

@@ -4,7 +4,9 @@
     uv run python scripts/validate_memory_plan.py            # tiny and small
     uv run python scripts/validate_memory_plan.py tiny       # the cheap ones (as the test)
 
-Each config trains 2 steps of 4 prompts x G 4 in its own process. The plan is made for the
+Each config runs on both update paths: training.shared_prefix=false (every row holds its prompt,
+the update the constants were fitted on) and true (each group's prompt once, the default). Each
+config trains 2 steps of 4 prompts x G 4 in its own process. The plan is made for the
 lengths the run reached (data.max_prompt_tokens = the longest prompt of the data, and
 generation.max_new_tokens = the longest completion sampled), since the planner predicts the
 longest shapes a run can see and a 2-step run may stop short of them.
@@ -16,12 +18,9 @@ import sys
 import tempfile
 from pathlib import Path
 
-# The planner models the padded update (every row's prompt scored); a shared-prefix update, the
-# default since, peaks lower (tiny, LoRA r8 + grad_checkpoint: 0.021 GB measured against 0.069
-# predicted), so the planner is an upper bound there and is checked on the padded path.
 BASE = ["training.max_steps=2", "training.prompts_per_step=4", "generation.num_generations=4",
-        "generation.max_new_tokens=32", "checkpoint.save_every=1000", "logging.log_completions=0",
-        "training.shared_prefix=false"]
+        "generation.max_new_tokens=32", "checkpoint.save_every=1000", "logging.log_completions=0"]
+PATHS = ("false", "true")  # training.shared_prefix
 LONG_SYSTEM = 'data.system_prompt="' + " ".join(["What is 2 + 7 - 3? 2 + 7 = 9 and 9 - 3 = 6."] * 12) + '"'
 CONFIGS = {  # name: --set items
     "full": [],
@@ -63,20 +62,22 @@ def predicted(model: str, sets: list[str], longest_completion: int) -> float:
     return plan(cfg)["peak_gb"]
 
 
-def table(models: list[str], configs: dict = CONFIGS) -> list[dict]:
+def table(models: list[str], configs: dict = CONFIGS, paths=PATHS) -> list[dict]:
     rows = []
     with tempfile.TemporaryDirectory() as tmp:
         for model in models:
             for i, (name, sets) in enumerate(configs.items()):
-                peak, longest = measured(model, sets, Path(tmp) / f"{model}{i}")
-                pred = predicted(model, sets, longest)
-                rows.append({"model": model, "config": name, "predicted_gb": pred, "measured_gb": peak,
-                             "error": pred / peak - 1})
-                print(f"| builtin:{model} | {name} | {pred:.3f} | {peak:.3f} | {100 * (pred / peak - 1):+.1f}% |",
-                      flush=True)
+                for shared in paths:
+                    run_sets = [*sets, f"training.shared_prefix={shared}"]
+                    peak, longest = measured(model, run_sets, Path(tmp) / f"{model}{i}{shared}")
+                    pred = predicted(model, run_sets, longest)
+                    rows.append({"model": model, "config": name, "shared_prefix": shared == "true",
+                                 "predicted_gb": pred, "measured_gb": peak, "error": pred / peak - 1})
+                    print(f"| builtin:{model} | {name} | {shared} | {pred:.3f} | {peak:.3f} | "
+                          f"{100 * (pred / peak - 1):+.1f}% |", flush=True)
     return rows
 
 
 if __name__ == "__main__":
-    print("| model | config | predicted GB | measured GB | error |\n|---|---|---|---|---|")
+    print("| model | config | shared_prefix | predicted GB | measured GB | error |\n|---|---|---|---|---|---|")
     table(sys.argv[1:] or ["tiny", "small"])

@@ -13,7 +13,7 @@ from mlx.utils import tree_flatten
 from mlx_grpo.cli import main
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config
-from mlx_grpo.models.memory import predict, read_header, read_model_shape, run_shape, trainable_params
+from mlx_grpo.models.memory import _groups_in_chunk, predict, read_header, read_model_shape, run_shape, trainable_params
 
 SMOKE = "configs/smoke_test.toml"
 
@@ -78,15 +78,36 @@ def test_train_refuses_before_loading_any_weight(tmp_path, capsys, monkeypatch):
 
 
 def test_predictions_within_15_percent_of_real_runs_on_tiny():
-    """The short-prompt configs (2-step runs, ~4 s each); scripts/validate_memory_plan.py adds the
-    long-prompt ones and builtin:small."""
+    """The short-prompt configs on both update paths, padded and shared-prefix (2-step runs, ~4 s
+    each); scripts/validate_memory_plan.py adds the long-prompt ones and builtin:small."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
     from validate_memory_plan import CONFIGS, table
 
     rows = table(["tiny"], {k: v for k, v in CONFIGS.items() if "long" not in k})
-    assert len(rows) >= 6
+    assert len(rows) >= 12 and {r["shared_prefix"] for r in rows} == {False, True}
     worst = max(rows, key=lambda r: abs(r["error"]))
     assert abs(worst["error"]) <= 0.15, worst
+
+
+def test_a_shared_prefix_counts_each_prompt_once_per_group(tiny_path):
+    shape = read_model_shape(tiny_path)
+    sets = ["data.max_prompt_tokens=257", "generation.max_new_tokens=32", "training.micro_batch_size=8"]
+    padded = predict(shape, run_shape(load_config(SMOKE, [*sets, "training.shared_prefix=false"])))
+    shared = predict(shape, run_shape(load_config(SMOKE, [*sets, "training.shared_prefix=true"])))
+    # builtin:tiny (4 layers x 128, 4 heads), 8 rows of G 4 = 2 prompts: padded 8 rows x 320
+    # tokens, each over 320 keys; shared 2 x 256 prompt tokens over 256, 8 x 32 completion inputs
+    # over 256 + 32
+    per_layer = 111.2 * 128 * (2 * 256 + 8 * 32) + 7.591 * 4 * (2 * 256 * 256 + 8 * 32 * 288)
+    assert shared["update activations"] == pytest.approx(4 * per_layer)
+    assert padded["update activations"] == pytest.approx(4 * (111.2 * 128 * 8 * 320 + 7.591 * 4 * 8 * 320 * 320))
+    assert shared["logits"] == padded["logits"]
+
+
+@pytest.mark.parametrize("rows, groups", [(16, 4), (8, 2), (4, 1), (6, 2), (3, 2), (1, 1)])
+def test_a_micro_batch_off_group_boundaries_holds_part_of_two_prompts(rows, groups):
+    # a part of 16 rows in groups of 4 cut into chunks of `rows` from its start, as update/batches.py
+    # does: 6 rows are 0-5 (prompts 0, 1), 6-11 (1, 2), 12-15 (3); 3 rows: 3-5 (0, 1)
+    assert _groups_in_chunk(rows, 16, 4) == groups
 
 
 def test_a_quantized_rollout_copy_is_held_beside_the_weights(tiny_path):

@@ -183,6 +183,8 @@ class RunShape:
     micro_batch: int  # 0 = the whole part
     grad_checkpoint: bool
     rollout_bits: int = 0  # generation.quantize_bits: a quantized copy of the policy samples; 0 = none
+    shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once (algorithm/prefix.py)
+    group_size: int = 1  # generation.num_generations: rows sharing one prompt
 
 
 def run_shape(cfg, dtype: str = "float32") -> RunShape:
@@ -196,12 +198,39 @@ def run_shape(cfg, dtype: str = "float32") -> RunShape:
         sequences=t.prompts_per_step * t.gradient_accumulation_steps * gen.num_generations,
         decode_batch=gen.batch_size, max_prompt=cfg.data.max_prompt_tokens, max_new=gen.max_new_tokens,
         part_rows=t.prompts_per_step * gen.num_generations, micro_batch=t.micro_batch_size,
-        grad_checkpoint=t.grad_checkpoint, rollout_bits=gen.quantize_bits,
+        grad_checkpoint=t.grad_checkpoint, rollout_bits=gen.quantize_bits, shared_prefix=t.shared_prefix,
+        group_size=gen.num_generations,
     )
 
 
 def _pad(n: int, to: int) -> int:
     return -(-n // to) * to
+
+
+def _groups_in_chunk(rows: int, part_rows: int, group_size: int) -> int:
+    """The most prompts one micro-batch holds: update/batches.py cuts each part (whole groups)
+    into chunks of `rows` from its start, so a chunk not on a group boundary holds part of two."""
+    return max(-(-min(lo + rows, part_rows) // group_size) - lo // group_size for lo in range(0, part_rows, rows))
+
+
+def _update_tokens(run: RunShape, rows: int, groups: int) -> tuple[int, int]:
+    """(tokens, sum over tokens of the keys each attends over) of a micro-batch of `rows` rows
+    holding `groups` prompts.
+
+    Padded: rows x L tokens, each over L. Shared prefix (algorithm/prefix.py): each group's
+    prompt once, P - 1 tokens over P - 1 keys, and rows x T completion inputs, each over the
+    prompt's P - 1 keys and the T completion ones."""
+    L, T = _pad(run.max_prompt + run.max_new, PAD_TO), _pad(run.max_new, PAD_TO)
+    if not run.shared_prefix:
+        return rows * L, rows * L * L
+    P = max(run.max_prompt - 1, 0)  # the prefix pass is not padded
+    return groups * P + rows * T, groups * P * P + rows * T * (P + T)
+
+
+def _layer_bytes(shape: ModelShape, tokens: int, attended: int) -> float:
+    """One layer's activations: a token costs ACT_HIDDEN * hidden plus ACT_ATTENTION * heads
+    per key it attends over, on both update paths (only the counts differ)."""
+    return ACT_HIDDEN * shape.hidden * tokens + ACT_ATTENTION * shape.heads * attended
 
 
 def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
@@ -220,14 +249,25 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     slots = _pad(run.max_prompt + run.max_new, KV_STEP)
     kv = decoding * slots * shape.layers * shape.kv_heads * shape.head_dim * 2 * b
     rows = min(run.micro_batch or run.part_rows, run.part_rows)
-    L, T = _pad(run.max_prompt + run.max_new, PAD_TO), _pad(run.max_new, PAD_TO)
-    layer = ACT_HIDDEN * shape.hidden + ACT_ATTENTION * shape.heads * L  # bytes per token, one layer
+    T = _pad(run.max_new, PAD_TO)
+    groups = _groups_in_chunk(rows, run.part_rows, run.group_size)
+    tokens, attended = _update_tokens(run, rows, groups)
+    layer = _layer_bytes(shape, tokens, attended)
     half = ACT_HALF if b == 2 else 1.0
     if run.grad_checkpoint:
-        stored = rows * L * (CKPT_STORED * shape.layers * shape.hidden + CKPT_LAYERS * layer) * half
+        recomputed = CKPT_LAYERS * layer
+        if run.shared_prefix:
+            # prefix.py runs each group's passes apart, and the peak grows far less with the
+            # groups than CKPT_LAYERS layers of the whole micro-batch would: one plain layer of it
+            # plus CKPT_LAYERS - 1 of one group's. A shape chosen from, not fitted to,
+            # `scripts/measure_memory.py shared` (tiny, full and LoRA r8, 1-8 prompts x 4 rows,
+            # prompts 32-320, completions 32-96): -6% to +56% off, the long prompts over.
+            one = _layer_bytes(shape, *_update_tokens(run, min(run.group_size, rows), 1))
+            recomputed = layer + (CKPT_LAYERS - 1) * min(one, layer)
+        stored = (tokens * CKPT_STORED * shape.layers * shape.hidden + recomputed) * half
         micro = (stored + CKPT_GRADS * trainable * b) * (LORA_CHECKPOINTED if run.lora else 1.0)
     else:
-        micro = rows * L * layer * shape.layers * (LORA_PLAIN if run.lora else 1.0) * half
+        micro = layer * shape.layers * (LORA_PLAIN if run.lora else 1.0) * half
     activations = max(micro, OPTIMIZER_STEP * trainable * b)
     logits = rows * T * shape.vocab * 4 * LOGIT_COPIES
     phases = {

@@ -3,6 +3,11 @@
 
     uv run python scripts/validate_memory_plan.py            # tiny and small
     uv run python scripts/validate_memory_plan.py tiny       # the cheap ones (as the test)
+    uv run python scripts/validate_memory_plan.py tiny small --save runs.json
+    uv run python scripts/validate_memory_plan.py --replan runs.json  # saved runs, today's planner
+
+--save keeps each run's measured peak and reached lengths; --replan predicts them again (the
+measured peaks do not depend on the planner, so a changed constant needs no new trainings).
 
 Each config runs on both update paths: training.shared_prefix=false (every row holds its prompt,
 the update the constants were fitted on) and true (each group's prompt once, the default). Each
@@ -71,13 +76,35 @@ def table(models: list[str], configs: dict = CONFIGS, paths=PATHS) -> list[dict]
                     run_sets = [*sets, f"training.shared_prefix={shared}"]
                     peak, longest = measured(model, run_sets, Path(tmp) / f"{model}{i}{shared}")
                     pred = predicted(model, run_sets, longest)
-                    rows.append({"model": model, "config": name, "shared_prefix": shared == "true",
-                                 "predicted_gb": pred, "measured_gb": peak, "error": pred / peak - 1})
-                    print(f"| builtin:{model} | {name} | {shared} | {pred:.3f} | {peak:.3f} | "
-                          f"{100 * (pred / peak - 1):+.1f}% |", flush=True)
+                    rows.append(_row(model, name, shared == "true", pred, peak, longest))
+    return rows
+
+
+def _row(model: str, config: str, shared: bool, pred: float, peak: float, longest: int) -> dict:
+    print(f"| builtin:{model} | {config} | {str(shared).lower()} | {pred:.3f} | {peak:.3f} | "
+          f"{100 * (pred / peak - 1):+.1f}% |", flush=True)
+    return {"model": model, "config": config, "shared_prefix": shared, "predicted_gb": pred, "measured_gb": peak,
+            "error": pred / peak - 1, "longest_completion": longest}
+
+
+def replan(saved: list[dict]) -> list[dict]:
+    """The saved runs' measured peaks against the planner as it is now."""
+    rows = []
+    for r in saved:
+        sets = [*CONFIGS[r["config"]], f"training.shared_prefix={str(r['shared_prefix']).lower()}"]
+        pred = predicted(r["model"], sets, r["longest_completion"])
+        rows.append(_row(r["model"], r["config"], r["shared_prefix"], pred, r["measured_gb"], r["longest_completion"]))
     return rows
 
 
 if __name__ == "__main__":
+    args = sys.argv[1:]
+    save = args.pop(args.index("--save") + 1) if "--save" in args else None
+    args = [a for a in args if a != "--save"]
     print("| model | config | shared_prefix | predicted GB | measured GB | error |\n|---|---|---|---|---|---|")
-    table(sys.argv[1:] or ["tiny", "small"])
+    if args[:1] == ["--replan"]:
+        rows = replan(json.loads(Path(args[1]).read_text()))
+    else:
+        rows = table(args or ["tiny", "small"])
+    if save:
+        Path(save).write_text(json.dumps(rows, indent=1))

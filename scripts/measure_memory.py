@@ -7,14 +7,15 @@ Prints, for builtin:NAME (float32, this backend):
 - the update's forward+backward above the weights (activations and gradients, the real GRPO
   loss of update/step.py) on a grid of micro-batches, fitted over both models (grid points
   where the micro-batch decides the peak) as A * hidden + B * heads * L bytes per token per layer
-  (L = padded sequence length), and with grad checkpointing as S * layers * hidden + K plain
-  layers per token, plus G * gradient bytes; and the optimizer's own peak (short micro-batches);
+  (L = padded sequence length), and with grad checkpointing as S * layers * hidden per token + K
+  plain layers' A-part + K_att plain layers' B-part, plus G * gradient bytes (a longer grid); and
+  the optimizer's own peak (short micro-batches);
 - the rollout above the weights (mlx-lm's BatchGenerator, one prefill per prompt), as a
   multiple of the KV cache's own bytes at mlx-lm's 256-token allocation step.
 
     uv run python scripts/measure_memory.py logits    # LOGIT_COPIES
     uv run python scripts/measure_memory.py bfloat16  # ACT_HALF (slow: bfloat16 on the CPU backend)
-    uv run python scripts/measure_memory.py shared    # the checkpointed shared-prefix update against the plan
+    uv run python scripts/measure_memory.py shared    # PREFIX_*, CKPT_SHARED_* (the shared-prefix update)
 
 The completion logits' share of the update, which the built-ins' 322-token vocabulary is too
 small to show: the same small random qwen2 (2 layers x 64, its embedding frozen so that no
@@ -32,13 +33,17 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config
+from mlx_grpo.models import memory
 from mlx_grpo.models.load import checkpoint_layers
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
 GRID = [(4, 64), (8, 64), (4, 128), (8, 128), (4, 256), (8, 256)]  # (rows, padded length L)
+# grad_checkpoint's grid reaches longer sequences: the recomputed layer's attention and its other
+# activations grow apart there (fitted on GRID alone, LoRA at 16 x 384 on tiny came out 23% over)
+CKPT_GRID = GRID + [(8, 384), (4, 512)]
 
 
-def update_peaks(model, cfg) -> dict:
+def update_peaks(model, cfg, grid=None) -> dict:
     """(rows, L) -> bytes one update (update/step.py's `optimize`: forward, backward, gradient
     accumulation, clipping, AdamW) adds above what is allocated before it, optimizer state made."""
     from mlx_grpo.rollout.sample import Rollout
@@ -51,7 +56,7 @@ def update_peaks(model, cfg) -> dict:
     settings = UpdateSettings.from_config(cfg)
     rng = np.random.default_rng(0)
     peaks = {}
-    for rows, length in [(4, 64)] + GRID:  # the first makes the optimizer state, and is measured again
+    for rows, length in [(4, 64)] + (grid or GRID):  # the first makes the optimizer state, and is measured again
         prompt = rng.integers(3, vocab, length // 2).tolist()
         completions = [rng.integers(3, vocab, length // 2 - 1).tolist() for _ in range(rows)]
         rollout = Rollout([prompt] * rows, completions, [""] * rows, [False] * rows, rows)
@@ -93,9 +98,10 @@ def plain_features(rows, length, layers, hidden, heads, grads):
 
 
 def checkpoint_features(a, b):
-    """S * layers * hidden per token + K plain layers per token + G * gradient bytes."""
+    """S * layers * hidden per token + K plain layers' A-part and K_att plain layers' B-part per
+    token + G * gradient bytes."""
     def features(rows, length, layers, hidden, heads, grads):
-        return [rows * length * layers * hidden, rows * length * (a * hidden + b * heads * length), grads]
+        return [rows * length * layers * hidden, rows * length * a * hidden, rows * length * b * heads * length, grads]
     return features
 
 
@@ -120,11 +126,13 @@ def rollout_factor(model, tokenizer, args) -> float:
 
 
 def measure(name: str) -> dict[str, list]:
-    """Grid points of the update: full fine-tune and LoRA (rank 8, all layers), plain and
-    grad-checkpointed."""
+    """Grid points of the padded update (training.shared_prefix off; every grid row repeats one
+    prompt, which the default shared-prefix update would run once): full fine-tune and LoRA
+    (rank 8, all layers), plain and grad-checkpointed."""
     out = {}
     for lora in (False, True):
-        cfg = load_config(None, [f'model.path="builtin:{name}"', f"lora.enabled={str(lora).lower()}"])
+        cfg = load_config(None, [f'model.path="builtin:{name}"', f"lora.enabled={str(lora).lower()}",
+                                 "training.shared_prefix=false"])
         model, tokenizer, *_ = build_policy(cfg)
         mx.eval(model.parameters())
         params = sum(v.size for _, v in tree_flatten(model.parameters()))
@@ -138,7 +146,7 @@ def measure(name: str) -> dict[str, list]:
             print(f"  rollout factor (mean): {rollout_factor(model, tokenizer, args):.2f}")
         out[kind] = points(update_peaks(model, cfg), *shape)
         checkpoint_layers(model)
-        out[kind + " checkpointed"] = points(update_peaks(model, cfg), *shape)
+        out[kind + " checkpointed"] = points(update_peaks(model, cfg, CKPT_GRID), *shape)
         del model
     return out
 
@@ -159,7 +167,7 @@ def logit_copies(rows: int = 8, prompt: int = 32, completion: int = 96) -> float
     from mlx_grpo.update.settings import UpdateSettings
     from mlx_grpo.update.step import optimize
 
-    cfg = load_config(None, [f"generation.max_new_tokens={completion}"])
+    cfg = load_config(None, [f"generation.max_new_tokens={completion}", "training.shared_prefix=false"])
     peaks = {}
     for vocab in (8192, 65536):
         mx.random.seed(0)
@@ -194,7 +202,8 @@ def half_ratio() -> float:
     GRID = [(8, 128), (8, 256)]
     peaks = {}
     for dtype in ("float32", "bfloat16"):
-        cfg = load_config(None, ['model.path="builtin:small"', f'model.dtype="{dtype}"'])
+        cfg = load_config(None, ['model.path="builtin:small"', f'model.dtype="{dtype}"',
+                                 "training.shared_prefix=false"])
         model, *_ = build_policy(cfg)
         peaks[dtype] = update_peaks(model, cfg)
         del model
@@ -203,46 +212,120 @@ def half_ratio() -> float:
     return float(np.mean(ratios))
 
 
-# (prompts per micro-batch, prompt tokens, completion tokens), 4 completions a prompt
-SHARED_GRID = [(2, 32, 32), (4, 32, 32), (8, 32, 32), (4, 32, 96), (1, 320, 32), (2, 320, 32), (4, 320, 32),
-               (4, 160, 64)]
+# (prompts per micro-batch, prompt tokens, completion tokens, completions a prompt); small's above
+# the optimizer step's own peak, where the micro-batch decides it
+SHARED_PLAIN = {
+    "tiny": [(1, 32, 32, 4), (2, 32, 32, 4), (4, 32, 32, 4), (1, 160, 32, 4), (1, 320, 32, 4), (2, 320, 32, 4),
+             (4, 320, 32, 4), (1, 320, 96, 4), (4, 32, 96, 4), (4, 160, 64, 4), (2, 96, 96, 4), (1, 32, 32, 8),
+             (2, 32, 32, 8), (1, 320, 32, 8), (2, 320, 32, 8), (2, 160, 64, 8), (1, 96, 96, 8), (2, 32, 32, 2),
+             (8, 32, 32, 2), (4, 320, 32, 2), (8, 320, 32, 2), (8, 160, 64, 2)],
+    "small": [(2, 320, 32, 4), (4, 320, 32, 4), (1, 320, 96, 4), (4, 32, 96, 4), (4, 160, 64, 4), (2, 96, 96, 4)],
+}
+SHARED_CHECKPOINTED = {
+    "tiny": SHARED_PLAIN["tiny"][:11],
+    "small": [(4, 320, 32, 4), (8, 320, 32, 4), (4, 160, 64, 4), (8, 32, 96, 4), (8, 96, 64, 4)],
+}
 
 
-def shared_checkpointed() -> None:
-    """builtin:tiny's checkpointed update with shared prefixes (full and LoRA r8): the measured
-    peak above what is allocated before it against the planner's update activations + logits."""
+def shared_peaks(name: str, sets: list[str], grid: list[tuple]) -> list[tuple]:
+    """(ModelShape, RunShape, peak bytes above what is allocated before the update) of each grid
+    point: one step's update with shared prefixes, all rows in one micro-batch."""
     from mlx_grpo.models.load import resolve_model_path
-    from mlx_grpo.models.memory import predict, read_model_shape, run_shape
-    from mlx_grpo.rollout.sample import Rollout
     from mlx_grpo.update.optimizer import make_optimizer
     from mlx_grpo.update.settings import UpdateSettings
     from mlx_grpo.update.step import optimize
 
-    shape = read_model_shape(resolve_model_path("builtin:tiny"))
-    for sets in ([], ["lora.enabled=true"]):
-        cfg = load_config(None, ['model.path="builtin:tiny"', "training.grad_checkpoint=true",
-                                 "training.shared_prefix=true", "generation.num_generations=4", *sets])
-        model, *_ = build_policy(cfg)
-        optimizer, settings = make_optimizer(cfg.training, 100), UpdateSettings.from_config(cfg)
-        rng, vocab = np.random.default_rng(0), model.args.vocab_size
-        for i, (groups, p, t) in enumerate([(1, 32, 32)] + SHARED_GRID):  # the first makes the optimizer state
-            prompts = [prompt for _ in range(groups) for prompt in [rng.integers(3, vocab, p).tolist()] * 4]
-            rows = len(prompts)
-            rollout = Rollout(prompts, [rng.integers(3, vocab, t).tolist() for _ in range(rows)], [""] * rows,
-                              [False] * rows, 4)
-            mx.eval(model.parameters())
-            base = mx.get_active_memory()
-            mx.reset_peak_memory()
-            optimize(model, optimizer, None, rollout, np.linspace(0, 1, rows).tolist(), settings)
-            if i == 0:
-                continue
-            cfg.training.prompts_per_step, cfg.data.max_prompt_tokens, cfg.generation.max_new_tokens = groups, p, t
-            plan = predict(shape, run_shape(cfg))
-            pred = plan["update activations"] + plan["logits"]
-            peak = mx.get_peak_memory() - base
-            print(f"  {'LoRA r8' if sets else 'full'} {groups} x 4 rows, prompt {p}, completion {t}: "
-                  f"{peak / 1e6:.1f} MB measured, {pred / 1e6:.1f} predicted ({100 * (pred / peak - 1):+.0f}%)")
-        del model
+    shape = memory.read_model_shape(resolve_model_path(f"builtin:{name}"))
+    cfg = load_config(None, [f'model.path="builtin:{name}"', "training.shared_prefix=true", *sets])
+    model, *_ = build_policy(cfg)
+    optimizer, settings = make_optimizer(cfg.training, 100), UpdateSettings.from_config(cfg)
+    rng, out = np.random.default_rng(0), []
+    for i, (groups, p, t, G) in enumerate([(1, 32, 32, 4)] + grid):  # the first makes the optimizer state
+        rollout = _shared_rollout(rng, model.args.vocab_size, groups, p, t, G)
+        mx.eval(model.parameters())
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        optimize(model, optimizer, None, rollout, np.linspace(0, 1, groups * G).tolist(), settings)
+        if i:
+            cfg.training.prompts_per_step, cfg.generation.num_generations = groups, G
+            cfg.data.max_prompt_tokens, cfg.generation.max_new_tokens = p, t
+            out.append((shape, memory.run_shape(cfg), mx.get_peak_memory() - base))
+    del model
+    return out
+
+
+def _shared_rollout(rng, vocab: int, groups: int, prompt: int, completion: int, G: int):
+    """`groups` random prompts of `prompt` tokens, each with G random completions of `completion`."""
+    from mlx_grpo.rollout.sample import Rollout
+
+    prompts = [ids for _ in range(groups) for ids in [rng.integers(3, vocab, prompt).tolist()] * G]
+    rows = len(prompts)
+    return Rollout(prompts, [rng.integers(3, vocab, completion).tolist() for _ in range(rows)], [""] * rows,
+                   [False] * rows, G)
+
+
+def shared_fit(pts: list[tuple], features, fixed) -> list[float]:
+    """Least squares on relative errors of peak = coef . features + fixed (bytes the formula
+    takes as known: the logits, the gradients, the completions' plain layers)."""
+    xs = np.array([features(s, r) for s, r, _ in pts], dtype=float)
+    ys = np.array([y - fixed(s, r) for s, r, y in pts], dtype=float)
+    peaks = np.array([y for *_, y in pts], dtype=float)
+    coef, *_ = np.linalg.lstsq(xs / peaks[:, None], ys / peaks, rcond=None)
+    errors = (xs @ coef - ys) / peaks
+    print(f"  {', '.join(f'{c:.3f}' for c in coef)}; {len(ys)} points, "
+          f"off by {errors.min():+.1%} to {errors.max():+.1%}")
+    return [float(c) for c in coef]
+
+
+def _logits(s, r) -> float:
+    return r.part_rows * memory._pad(r.max_new, memory.PAD_TO) * s.vocab * 4 * memory.LOGIT_COPIES
+
+
+def _counts(r) -> tuple:
+    """memory._shared_counts of a grid point: all its rows in one micro-batch."""
+    return memory._shared_counts(r, r.part_rows, r.part_rows // r.group_size)
+
+
+def _prompt_features(s, r) -> list:
+    """Prompt tokens and their keys, in every layer but the last (PREFIX_HIDDEN, PREFIX_ATTENTION)."""
+    pt, pa, _, _ = _counts(r)
+    return [(s.layers - 1) * s.hidden * pt, (s.layers - 1) * s.heads * pa]
+
+
+def _completions(s, r) -> float:
+    """What the plain fit takes as known: the completions' layers at the padded constants, the logits."""
+    _, _, ct, ca = _counts(r)
+    return _logits(s, r) + s.layers * memory._layer_bytes(s, ct, ca)
+
+
+def _checkpointed_features(s, r) -> list:
+    """Tokens in every layer (CKPT_SHARED_STORED) and one group's plain layer (CKPT_SHARED_LAYERS)."""
+    pt, _, ct, _ = _counts(r)
+    return [s.layers * s.hidden * (pt + ct), sum(memory._shared_layer(s, r, min(r.group_size, r.part_rows), 1))]
+
+
+def _checkpointed_known(s, r) -> float:
+    """The checkpointed fit's known part: logits, gradients, the per-row key and value copies."""
+    return _logits(s, r) + memory.CKPT_GRADS * 4 * memory.trainable_params(s, r) + memory._key_copies(s, r, r.part_rows)
+
+
+def _above_optimizer(pts: list[tuple]) -> list[tuple]:
+    """The points whose peak the micro-batch decides, not the optimizer step."""
+    return [p for p in pts if p[2] > 1.05 * memory.OPTIMIZER_STEP * 4 * memory.trainable_params(p[0], p[1])]
+
+
+def shared_prefix() -> None:
+    """PREFIX_HIDDEN, PREFIX_ATTENTION (plain layers), then with them CKPT_SHARED_STORED,
+    CKPT_SHARED_LAYERS (grad_checkpoint, full fine-tune and LoRA r8) of mlx_grpo/models/memory.py,
+    fitted on tiny and small."""
+    plain = _above_optimizer([p for name, grid in SHARED_PLAIN.items() for p in shared_peaks(name, [], grid)])
+    print("shared prefix, plain: PREFIX_HIDDEN, PREFIX_ATTENTION =")
+    memory.PREFIX_HIDDEN, memory.PREFIX_ATTENTION = shared_fit(plain, _prompt_features, _completions)
+    sets = ["training.grad_checkpoint=true"]
+    ckpt = [p for name, grid in SHARED_CHECKPOINTED.items() for p in shared_peaks(name, sets, grid)]
+    ckpt += shared_peaks("tiny", [*sets, "lora.enabled=true"], SHARED_CHECKPOINTED["tiny"])
+    print("shared prefix, grad_checkpoint (full and LoRA r8): CKPT_SHARED_STORED, CKPT_SHARED_LAYERS =")
+    shared_fit(_above_optimizer(ckpt), _checkpointed_features, _checkpointed_known)
 
 
 def main(names: list[str]):
@@ -252,7 +335,7 @@ def main(names: list[str]):
             pts.setdefault(kind, []).extend(p)
     print("update, plain: A, B =")
     a, b = fit(pts["full"], plain_features)
-    print("update, grad_checkpoint: S, K, G =")
+    print("update, grad_checkpoint: S, K, K_att, G =")
     ckpt = fit(pts["full checkpointed"], checkpoint_features(a, b))
     print("LoRA's update / the full fine-tune's formula, plain:")
     ratio(pts["lora"], plain_features, [a, b])
@@ -261,5 +344,5 @@ def main(names: list[str]):
 
 
 if __name__ == "__main__":
-    modes = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_checkpointed}
+    modes = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_prefix}
     modes[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in modes else main(sys.argv[1:] or ["tiny", "small"])

@@ -13,7 +13,10 @@ from mlx.utils import tree_flatten
 from mlx_grpo.cli import main
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config
-from mlx_grpo.models.memory import _groups_in_chunk, predict, read_header, read_model_shape, run_shape, trainable_params
+from mlx_grpo.models.memory import (
+    ACT_ATTENTION, ACT_HIDDEN, PREFIX_ATTENTION, PREFIX_HIDDEN, _groups_in_chunk, predict, read_header,
+    read_model_shape, run_shape, trainable_params,
+)
 
 SMOKE = "configs/smoke_test.toml"
 
@@ -95,11 +98,14 @@ def test_a_shared_prefix_counts_each_prompt_once_per_group(tiny_path):
     padded = predict(shape, run_shape(load_config(SMOKE, [*sets, "training.shared_prefix=false"])))
     shared = predict(shape, run_shape(load_config(SMOKE, [*sets, "training.shared_prefix=true"])))
     # builtin:tiny (4 layers x 128, 4 heads), 8 rows of G 4 = 2 prompts: padded 8 rows x 320
-    # tokens, each over 320 keys; shared 2 x 256 prompt tokens over 256, 8 x 32 completion inputs
-    # over 256 + 32
-    per_layer = 111.2 * 128 * (2 * 256 + 8 * 32) + 7.591 * 4 * (2 * 256 * 256 + 8 * 32 * 288)
-    assert shared["update activations"] == pytest.approx(4 * per_layer)
-    assert padded["update activations"] == pytest.approx(4 * (111.2 * 128 * 8 * 320 + 7.591 * 4 * 8 * 320 * 320))
+    # tokens, each over 320 keys, in 4 layers; shared 2 x 256 prompt tokens over 256 in the 3 layers
+    # below the last (whose prompt part feeds only keys and values), 8 x 32 completion inputs over
+    # 256 + 32 in all 4
+    prompts = PREFIX_HIDDEN * 128 * 2 * 256 + PREFIX_ATTENTION * 4 * 2 * 256 * 256
+    completions = ACT_HIDDEN * 128 * 8 * 32 + ACT_ATTENTION * 4 * 8 * 32 * 288
+    assert shared["update activations"] == pytest.approx(3 * prompts + 4 * completions)
+    padded_layer = ACT_HIDDEN * 128 * 8 * 320 + ACT_ATTENTION * 4 * 8 * 320 * 320
+    assert padded["update activations"] == pytest.approx(4 * padded_layer)
     assert shared["logits"] == padded["logits"]
 
 

@@ -19,22 +19,47 @@ DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32
 FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
 
 # Update (forward + backward + gradient accumulation of one micro-batch, real GRPO loss, through
-# update/step.py's `optimize`), bytes per token per layer = ACT_HIDDEN * hidden +
-# ACT_ATTENTION * heads * L (L: padded sequence length). Least squares over relative error on the
-# 10 grid points where the micro-batch decides the peak (tiny 4-8 rows x 64-256 tokens, small
-# 4-8 x 128-256); worst point 8.8% off. The gradients this pass holds are inside the fit.
-ACT_HIDDEN = 111.2
-ACT_ATTENTION = 7.591
+# update/step.py's `optimize`, training.shared_prefix off), bytes per token per layer = ACT_HIDDEN *
+# hidden + ACT_ATTENTION * heads * L (L: padded sequence length). Least squares over relative error
+# on the 10 grid points where the micro-batch decides the peak (tiny 4-8 rows x 64-256 tokens, small
+# 4-8 x 128-256); worst point 9.3% off. The gradients this pass holds are inside the fit.
+ACT_HIDDEN = 111.7
+ACT_ATTENTION = 7.686
 # grad_checkpoint: bytes per token = CKPT_STORED * layers * hidden (each block's kept input) +
-# CKPT_LAYERS plain layers (the block being recomputed and its gradient) + CKPT_GRADS * the
-# trainable parameters' bytes; same grid with checkpointing on (8 points), worst 3.5% off.
-CKPT_STORED = 5.932
-CKPT_LAYERS = 2.329
-CKPT_GRADS = 0.561
+# CKPT_LAYERS plain layers' ACT_HIDDEN part and CKPT_ATTENTION plain layers' ACT_ATTENTION part (the
+# block being recomputed and its gradient) + CKPT_GRADS * the trainable parameters' bytes; the grid
+# with checkpointing on, and 8 x 384, 4 x 512 (12 points), worst 2.6% off. One multiple of a whole
+# layer (2.33, fitted to 256 tokens) over-predicted LoRA at 384 tokens by 18-23%: the recomputed
+# block's attention scores are held fewer times than its other activations.
+CKPT_STORED = 5.328
+CKPT_LAYERS = 2.604
+CKPT_ATTENTION = 1.641
+CKPT_GRADS = 0.468
+# Shared prefix (training.shared_prefix, algorithm/prefix.py): each group's prompt runs once, with
+# no head, and its last layer feeds only its keys and values, so a prompt token counts over
+# layers - 1 at PREFIX_HIDDEN * hidden + PREFIX_ATTENTION * heads per key (P - 1 tokens over P - 1
+# keys); each completion input counts over all layers at ACT_HIDDEN, ACT_ATTENTION, over the
+# prompt's keys and its own. Least squares by `scripts/measure_memory.py shared` (tiny and small,
+# G 2-8, 1-8 prompts, prompts 32-320, completions 32-96; 28 points), the completions held at the
+# padded constants: -11.0% to +12.8% off. A prompt token charged as a padded one (ACT_HIDDEN, all
+# layers) over-predicted 333-token prompts by 37%; it holds as much per key, less per token.
+PREFIX_HIDDEN = 81.49
+PREFIX_ATTENTION = 7.510
+# grad_checkpoint with shared prefixes: bytes per token (prompt tokens once, completion inputs) =
+# CKPT_SHARED_STORED * layers * hidden, plus each layer's concatenated prompt + completion keys and
+# values for every row (a checkpointed block's outputs, kept to the backward: counted, not fitted;
+# a trial fit with them free gave 0.97 of that), plus CKPT_SHARED_LAYERS plain layers of one group's
+# passes (prefix.py runs each group apart, so the recomputation holds one group's), plus
+# CKPT_GRADS * the gradients: least squares by `scripts/measure_memory.py shared` (tiny full and
+# LoRA r8, small full; 27 points): -15.8% to +19.8% off, the scatter mostly tiny's full fine-tunes
+# (36 MB at 16 rows x 96 tokens, below LoRA's 40 at the same shape).
+CKPT_SHARED_STORED = 25.90
+CKPT_SHARED_LAYERS = 1.120
 # LoRA (rank 8, all layers) on the same grid, measured / the formulas above with its trainable
-# parameters: 0.939 plain (points 0.86-1.03), 0.948 checkpointed (0.79-1.07).
-LORA_PLAIN = 0.939
-LORA_CHECKPOINTED = 0.948
+# parameters: 0.948 plain (points 0.87-1.04), 0.887 checkpointed (0.84-0.95, the longer grid). Under
+# shared prefixes the checkpointed fit below takes LoRA's points in and no ratio.
+LORA_PLAIN = 0.948
+LORA_CHECKPOINTED = 0.887
 # The same update's activations in a 2-byte dtype (bfloat16, float16), as a share of float32's:
 # 0.557 and 0.553 on builtin:small (full fine-tune, 8 x 128 and 8 x 256 tokens; bfloat16 / float32
 # peak above the weights, this CPU backend), applied to LoRA and grad checkpointing unmeasured.
@@ -213,24 +238,54 @@ def _groups_in_chunk(rows: int, part_rows: int, group_size: int) -> int:
     return max(-(-min(lo + rows, part_rows) // group_size) - lo // group_size for lo in range(0, part_rows, rows))
 
 
-def _update_tokens(run: RunShape, rows: int, groups: int) -> tuple[int, int]:
-    """(tokens, sum over tokens of the keys each attends over) of a micro-batch of `rows` rows
-    holding `groups` prompts.
+def _shared_counts(run: RunShape, rows: int, groups: int) -> tuple[int, int, int, int]:
+    """(prompt tokens, sum over them of the keys each attends over, completion inputs, the same
+    over theirs) of a shared-prefix micro-batch of `rows` rows holding `groups` prompts: each
+    prompt once, P - 1 tokens over P - 1 keys (not padded), and rows x T completion inputs, each
+    over the prompt's P - 1 keys and the T completion ones."""
+    P, T = max(run.max_prompt - 1, 0), _pad(run.max_new, PAD_TO)
+    return groups * P, groups * P * P, rows * T, rows * T * (P + T)
 
-    Padded: rows x L tokens, each over L. Shared prefix (algorithm/prefix.py): each group's
-    prompt once, P - 1 tokens over P - 1 keys, and rows x T completion inputs, each over the
-    prompt's P - 1 keys and the T completion ones."""
-    L, T = _pad(run.max_prompt + run.max_new, PAD_TO), _pad(run.max_new, PAD_TO)
+
+def _layer_bytes(shape: ModelShape, tokens: int, attended: int, per_token: float = ACT_HIDDEN,
+                 per_key: float = ACT_ATTENTION) -> float:
+    """One layer's activations: per_token * hidden per token plus per_key * heads per key it attends over."""
+    return per_token * shape.hidden * tokens + per_key * shape.heads * attended
+
+
+def _shared_layer(shape: ModelShape, run: RunShape, rows: int, groups: int) -> tuple[float, float]:
+    """One layer of a shared-prefix micro-batch: (its prompts' part, its completions' part)."""
+    pt, pa, ct, ca = _shared_counts(run, rows, groups)
+    return _layer_bytes(shape, pt, pa, PREFIX_HIDDEN, PREFIX_ATTENTION), _layer_bytes(shape, ct, ca)
+
+
+def _plain_update(shape: ModelShape, run: RunShape, rows: int, groups: int) -> float:
+    """Activations of a micro-batch without checkpointing. Padded: rows x L tokens, each over L."""
     if not run.shared_prefix:
-        return rows * L, rows * L * L
-    P = max(run.max_prompt - 1, 0)  # the prefix pass is not padded
-    return groups * P + rows * T, groups * P * P + rows * T * (P + T)
+        L = _pad(run.max_prompt + run.max_new, PAD_TO)
+        return shape.layers * _layer_bytes(shape, rows * L, rows * L * L)
+    prompts, completions = _shared_layer(shape, run, rows, groups)
+    return max(shape.layers - 1, 0) * prompts + shape.layers * completions
 
 
-def _layer_bytes(shape: ModelShape, tokens: int, attended: int) -> float:
-    """One layer's activations: a token costs ACT_HIDDEN * hidden plus ACT_ATTENTION * heads
-    per key it attends over, on both update paths (only the counts differ)."""
-    return ACT_HIDDEN * shape.hidden * tokens + ACT_ATTENTION * shape.heads * attended
+def _checkpointed_update(shape: ModelShape, run: RunShape, rows: int, groups: int) -> float:
+    """Activations of a micro-batch under grad_checkpoint, without the gradients."""
+    if not run.shared_prefix:
+        L = _pad(run.max_prompt + run.max_new, PAD_TO)
+        recomputed = _layer_bytes(shape, rows * L, rows * L * L, CKPT_LAYERS * ACT_HIDDEN,
+                                  CKPT_ATTENTION * ACT_ATTENTION)
+        return CKPT_STORED * shape.layers * shape.hidden * rows * L + recomputed
+    pt, _, ct, _ = _shared_counts(run, rows, groups)
+    one = sum(_shared_layer(shape, run, min(run.group_size, rows), 1))
+    stored = CKPT_SHARED_STORED * shape.layers * shape.hidden * (pt + ct) + _key_copies(shape, run, rows)
+    return stored + CKPT_SHARED_LAYERS * one
+
+
+def _key_copies(shape: ModelShape, run: RunShape, rows: int) -> float:
+    """Float32 bytes of every layer's keys and values over prompt + completion, one copy a row: the
+    concatenation that the completion pass makes of the broadcast prompt keys (prefix.py)."""
+    keys = max(run.max_prompt - 1, 0) + _pad(run.max_new, PAD_TO)
+    return shape.layers * rows * keys * shape.kv_heads * shape.head_dim * 2 * 4
 
 
 def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
@@ -251,23 +306,13 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     rows = min(run.micro_batch or run.part_rows, run.part_rows)
     T = _pad(run.max_new, PAD_TO)
     groups = _groups_in_chunk(rows, run.part_rows, run.group_size)
-    tokens, attended = _update_tokens(run, rows, groups)
-    layer = _layer_bytes(shape, tokens, attended)
     half = ACT_HALF if b == 2 else 1.0
     if run.grad_checkpoint:
-        recomputed = CKPT_LAYERS * layer
-        if run.shared_prefix:
-            # prefix.py runs each group's passes apart, and the peak grows far less with the
-            # groups than CKPT_LAYERS layers of the whole micro-batch would: one plain layer of it
-            # plus CKPT_LAYERS - 1 of one group's. A shape chosen from, not fitted to,
-            # `scripts/measure_memory.py shared` (tiny, full and LoRA r8, 1-8 prompts x 4 rows,
-            # prompts 32-320, completions 32-96): -6% to +56% off, the long prompts over.
-            one = _layer_bytes(shape, *_update_tokens(run, min(run.group_size, rows), 1))
-            recomputed = layer + (CKPT_LAYERS - 1) * min(one, layer)
-        stored = (tokens * CKPT_STORED * shape.layers * shape.hidden + recomputed) * half
-        micro = (stored + CKPT_GRADS * trainable * b) * (LORA_CHECKPOINTED if run.lora else 1.0)
+        stored = _checkpointed_update(shape, run, rows, groups) * half
+        lora = LORA_CHECKPOINTED if run.lora and not run.shared_prefix else 1.0  # the shared fit has LoRA in it
+        micro = (stored + CKPT_GRADS * trainable * b) * lora
     else:
-        micro = layer * shape.layers * (LORA_PLAIN if run.lora else 1.0) * half
+        micro = _plain_update(shape, run, rows, groups) * (LORA_PLAIN if run.lora else 1.0) * half
     activations = max(micro, OPTIMIZER_STEP * trainable * b)
     logits = rows * T * shape.vocab * 4 * LOGIT_COPIES
     phases = {

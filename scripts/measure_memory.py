@@ -23,6 +23,10 @@ gradient grows with the vocabulary) at vocabularies of 8,192 and 65,536; the gro
 update's peak / (rows x padded completion tokens x the vocabulary's growth x 4 bytes) is the
 number of float32 [rows, T, vocab] arrays the update holds at its peak. `bfloat16` measures
 the update of builtin:small in bfloat16 and float32 at two grid points: their ratio is ACT_HALF.
+`shared` measures the shared-prefix update (all of a grid point's rows in one micro-batch) on
+tiny and small over prompts per micro-batch, prompt and completion lengths and group sizes, fits
+the prompt tokens' constants with the completions at the padded ones, then the checkpointed
+update's (full fine-tune and LoRA r8 together).
 """
 
 import sys

@@ -104,7 +104,8 @@ def main() -> None:
     report("MLX-GRPO" + (", no <reasoning> nudge" if a.no_nudge else ""), "mlx-grpo.py " + getattr(m, "__version__", "0.2.0 (pyproject)"), seconds, a.warmup,
            f"{a.prompts} train_step calls (one per prompt) and one Adam update: generation with old log-probs, "
            "rewards, loss+grad with reference pass",
-           completion_tokens=tokens, mlx=version("mlx"), mlx_lm=version("mlx-lm"),
+           completion_tokens=tokens, tokens_note="its completion texts re-encoded, as its loss scores them",
+           mlx=version("mlx"), mlx_lm=version("mlx-lm"),
            excluded=f"model load, trainer construction (copies, 4-bit quantization), first {a.warmup} step(s)")
 
 

@@ -96,17 +96,23 @@ def driver_tool(name: str, venv: str, script: str, extra: list[str], env: dict |
     return {"name": name, "kind": "driver", "command": command, "cwd": str(HERE), "env": env or {}}
 
 
-def parse_bench(path: Path, p: int, g: int) -> dict:
+def installed(checkout: Path, dist: str) -> str:
+    """The version of `dist` in the checkout's .venv (this process's own for this checkout)."""
+    found = sorted(checkout.glob(f".venv/lib/python*/site-packages/{dist}-*.dist-info"))
+    return found[-1].name[len(dist) + 1:-len(".dist-info")] if found else "?"
+
+
+def parse_bench(path: Path, p: int, g: int, checkout: Path) -> dict:
     r = json.loads(path.read_text())
     steps = [row["step"]["total_s"] for row in r["per_step"]]
     limits = [row["limit"]["total_s"] for row in r["per_step"]]
-    from importlib.metadata import version
     return {"step_s": steps, "median_s": statistics.median(steps), "limit_s": limits,
             "limit_median_s": statistics.median(limits), "step_over_limit": r["step_over_limit"],
             "mean_completion_tokens": r["step"]["completion_tokens"] / (p * g), "beta": r["beta"],
             "parts": {k: r["step"][k] for k in ("rollout_s", "rewards_s", "reference_s", "update_s")},
             "limit_parts": {k: r["limit"][k] for k in ("generation_s", "forward_backward_s")},
-            "version": f"mlx {version('mlx')} (this environment's)",
+            "version": f"commit {commit_of(checkout)}", "mlx": installed(checkout, "mlx"),
+            "mlx_lm": installed(checkout, "mlx_lm"),
             "covers": "bench step: rollout, rewards, reference pass, update (AdamW); after 1 warm-up step",
             "excluded": "model load, 1 warm-up step; the limit is measured between steps, outside the step's clock"}
 
@@ -127,7 +133,7 @@ def run_once(tool: dict, timeout: float) -> dict:
             rec["error"] = (proc.stdout + proc.stderr)[-3000:]
             return rec
         if tool["kind"] == "bench":
-            rec.update(parse_bench(out, tool["p"], tool["g"]))
+            rec.update(parse_bench(out, tool["p"], tool["g"], Path(tool["cwd"])))
         else:
             lines = [l for l in proc.stdout.splitlines() if l.startswith(RESULT)]
             if not lines:
@@ -159,10 +165,17 @@ def table(runs: list[dict]) -> str:
         tok = f"{statistics.mean(toks):.1f}" if toks else "?"
         loads = [r["loadavg_before"][0] for r in mine] + [r["loadavg_after"][0] for r in mine]
         lines.append(f"| {name} | {med:.2f} | {each} | {ratio} | {tok} | {min(loads):.2f}-{max(loads):.2f} |")
+    notes = []
+    for name in names:
+        r = next((r for r in ok if r["tool"] == name), None)
+        if r:
+            vers = ", ".join(f"{k} {r[k]}" for k in ("mlx", "mlx_lm", "torch", "transformers") if k in r)
+            notes.append(f"- {name}: {r.get('version', '')}{'; ' + vers if vers else ''}. Step: {r['covers']}. "
+                         f"Excluded: {r['excluded']}.{' Tokens: ' + r['tokens_note'] + '.' if 'tokens_note' in r else ''}")
     if limit:
         lines.append(f"| MLX's plain limit (BatchGenerator + one padded fwd+bwd; from the beta>0 bench runs) "
                      f"| {limit:.2f} | {', '.join(f'{x:.2f}' for x in limits)} | 1.00 | | |")
-    return "\n".join(lines)
+    return "\n".join(lines + [""] + notes)
 
 
 def main(argv=None) -> None:
@@ -179,6 +192,8 @@ def main(argv=None) -> None:
     ap.add_argument("--trl-threads", default="1", help="torch threads, comma-separated runs, e.g. 1,2")
     ap.add_argument("--mlxgrpo-venv")
     ap.add_argument("--mlxgrpo-source", help="MLX-GRPO's mlx-grpo.py")
+    ap.add_argument("--mlxgrpo-steps", type=int, help="measured steps of MLX-GRPO runs (default --steps)")
+    ap.add_argument("--mlxgrpo-rounds", type=int, help="run MLX-GRPO in the first N rounds only (default all)")
     ap.add_argument("--mlxgrpo-no-nudge", action="store_true",
                     help="also MLX-GRPO without its '<reasoning>' prompt suffix (see mlxgrpo_driver.py)")
     ap.add_argument("--only", help="comma-separated tool names to keep")
@@ -212,11 +227,12 @@ def main(argv=None) -> None:
             tools.append(driver_tool(f"TRL, torch {t} thread(s)", a.trl_venv, "trl_driver.py",
                                      [*common, "--threads", t], {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t}))
     if a.mlxgrpo_venv and a.mlxgrpo_source:
-        tools.append(driver_tool("MLX-GRPO", a.mlxgrpo_venv, "mlxgrpo_driver.py",
-                                 [*common, "--source", a.mlxgrpo_source]))
-        if a.mlxgrpo_no_nudge:
-            tools.append(driver_tool("MLX-GRPO, no <reasoning> nudge", a.mlxgrpo_venv, "mlxgrpo_driver.py",
-                                     [*common, "--source", a.mlxgrpo_source, "--no-nudge"]))
+        mine = [*common, "--source", a.mlxgrpo_source]
+        if a.mlxgrpo_steps:
+            mine[mine.index("--steps") + 1] = str(a.mlxgrpo_steps)
+        for name, extra in [("MLX-GRPO", [])] + [("MLX-GRPO, no <reasoning> nudge", ["--no-nudge"])] * a.mlxgrpo_no_nudge:
+            tools.append(driver_tool(name, a.mlxgrpo_venv, "mlxgrpo_driver.py", [*mine, *extra]))
+            tools[-1]["rounds"] = a.mlxgrpo_rounds
     if a.only:
         keep = {s.strip() for s in a.only.split(",")}
         tools = [t for t in tools if t["name"] in keep]
@@ -227,6 +243,8 @@ def main(argv=None) -> None:
     runs = []
     for rnd in range(a.rounds):
         for t in tools:
+            if t.get("rounds") is not None and rnd >= t["rounds"]:
+                continue
             rec = run_once(t, a.timeout)
             rec["round"] = rnd
             runs.append(rec)

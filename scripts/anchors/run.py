@@ -193,6 +193,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mlxgrpo-venv")
     ap.add_argument("--mlxgrpo-source", help="MLX-GRPO's mlx-grpo.py")
     ap.add_argument("--mlxgrpo-steps", type=int, help="measured steps of MLX-GRPO runs (default --steps)")
+    ap.add_argument("--mlxgrpo-warmup", type=int, help="unmeasured first steps of MLX-GRPO runs (default --warmup)")
     ap.add_argument("--mlxgrpo-rounds", type=int, help="run MLX-GRPO in the first N rounds only (default all)")
     ap.add_argument("--mlxgrpo-no-nudge", action="store_true",
                     help="also MLX-GRPO without its '<reasoning>' prompt suffix (see mlxgrpo_driver.py)")
@@ -228,8 +229,9 @@ def main(argv=None) -> None:
                                      [*common, "--threads", t], {"OMP_NUM_THREADS": t, "MKL_NUM_THREADS": t}))
     if a.mlxgrpo_venv and a.mlxgrpo_source:
         mine = [*common, "--source", a.mlxgrpo_source]
-        if a.mlxgrpo_steps:
-            mine[mine.index("--steps") + 1] = str(a.mlxgrpo_steps)
+        for flag, value in (("--steps", a.mlxgrpo_steps), ("--warmup", a.mlxgrpo_warmup)):
+            if value is not None:
+                mine[mine.index(flag) + 1] = str(value)
         for name, extra in [("MLX-GRPO", [])] + [("MLX-GRPO, no <reasoning> nudge", ["--no-nudge"])] * a.mlxgrpo_no_nudge:
             tools.append(driver_tool(name, a.mlxgrpo_venv, "mlxgrpo_driver.py", [*mine, *extra]))
             tools[-1]["rounds"] = a.mlxgrpo_rounds

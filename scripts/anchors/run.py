@@ -111,6 +111,8 @@ def parse_bench(path: Path, p: int, g: int, checkout: Path) -> dict:
             "mean_completion_tokens": r["step"]["completion_tokens"] / (p * g), "beta": r["beta"],
             "parts": {k: r["step"][k] for k in ("rollout_s", "rewards_s", "reference_s", "update_s")},
             "limit_parts": {k: r["limit"][k] for k in ("generation_s", "forward_backward_s")},
+            "update_memory_over_forward_backward": r["update_memory_over_forward_backward"],
+            "peak_memory_gb": r["peak_memory_gb"],
             "version": f"commit {commit_of(checkout)}", "mlx": installed(checkout, "mlx"),
             "mlx_lm": installed(checkout, "mlx_lm"),
             "covers": "bench step: rollout, rewards, reference pass, update (AdamW); after 1 warm-up step",

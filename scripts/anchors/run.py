@@ -31,6 +31,7 @@ then, from this repository's root:
         --mlxgrpo-venv /tmp/anch-mlxgrpo --mlxgrpo-source /tmp/mlx-grpo-anchor/mlx-grpo.py \\
         --json anchors-tiny.json
 
+and `--combine anchors-tiny.json anchors-small.json` prints one table of both sizes.
 A tool whose flag is missing is left out. Not part of the test suite: it needs the other
 environments, and timings depend on the machine and its load.
 """
@@ -180,6 +181,35 @@ def table(runs: list[dict]) -> str:
     return "\n".join(lines + [""] + notes)
 
 
+def medians(runs: list[dict]) -> tuple[dict, float | None]:
+    """{tool: median over its runs of the run's median s/step}, and the limit's median."""
+    ok = [r for r in runs if r.get("returncode") == 0]
+    out = {}
+    for r in ok:
+        out.setdefault(r["tool"], []).append(r["median_s"])
+    limits = [r["limit_median_s"] for r in ok if "limit_median_s" in r and r.get("beta", 0) > 0]
+    return {k: statistics.median(v) for k, v in out.items()}, (statistics.median(limits) if limits else None)
+
+
+def combined(paths: list[str]) -> str:
+    """One row per tool, two columns (s/step, / limit) per JSON file written by --json."""
+    sizes, cols = [], []
+    for p in paths:
+        d = json.loads(Path(p).read_text())
+        sizes.append(d["size"])
+        cols.append(medians(d["runs"]))
+    names = list(dict.fromkeys(n for m, _ in cols for n in m))
+    head = "| s/step (/ limit) | " + " | ".join(sizes) + " |"
+    lines = [head, "|---|" + "---|" * len(sizes)]
+    for n in names:
+        cells = []
+        for m, lim in cols:
+            cells.append(f"{m[n]:.2f}" + (f" ({m[n] / lim:.2f})" if lim else "") if n in m else "—")
+        lines.append(f"| {n} | " + " | ".join(cells) + " |")
+    lines.append("| MLX's plain limit | " + " | ".join(f"{lim:.2f}" if lim else "—" for _, lim in cols) + " |")
+    return "\n".join(lines)
+
+
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--size", choices=("tiny", "small"), default="tiny")
@@ -203,7 +233,11 @@ def main(argv=None) -> None:
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "anchors-work"))
     ap.add_argument("--json", dest="json_path")
+    ap.add_argument("--combine", nargs="+", metavar="JSON", help="print one table from earlier --json files and stop")
     a = ap.parse_args(argv)
+    if a.combine:
+        print(combined(a.combine))
+        return
 
     work = Path(a.workdir)
     work.mkdir(parents=True, exist_ok=True)

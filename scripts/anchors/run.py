@@ -229,7 +229,7 @@ def main(argv=None) -> None:
     ap.add_argument("--mlxgrpo-rounds", type=int, help="run MLX-GRPO in the first N rounds only (default all)")
     ap.add_argument("--mlxgrpo-no-nudge", action="store_true",
                     help="also MLX-GRPO without its '<reasoning>' prompt suffix (see mlxgrpo_driver.py)")
-    ap.add_argument("--only", help="comma-separated tool names to keep")
+    ap.add_argument("--only", action="append", help="a tool name to keep (repeatable; names hold commas)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "anchors-work"))
     ap.add_argument("--json", dest="json_path")
@@ -272,7 +272,7 @@ def main(argv=None) -> None:
             tools.append(driver_tool(name, a.mlxgrpo_venv, "mlxgrpo_driver.py", [*mine, *extra]))
             tools[-1]["rounds"] = a.mlxgrpo_rounds
     if a.only:
-        keep = {s.strip() for s in a.only.split(",")}
+        keep = set(a.only)
         tools = [t for t in tools if t["name"] in keep]
     for t in tools:
         t["p"], t["g"] = p, g

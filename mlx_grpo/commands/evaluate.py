@@ -36,6 +36,7 @@ from mlx_grpo.rewards import (
 )
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.run.console import cap_width
+from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
@@ -223,6 +224,7 @@ def output_path(out: str | None, loaded, split: str, model_name: str, overwrite:
     (`..._2.json`) used; an existing --out file is refused. --overwrite replaces either."""
     if out:
         path = Path(out).expanduser()
+        check_replaceable(path, "--out", [("the model folder", loaded.checkpoint if loaded else None)])
         if path.exists() and not overwrite:
             raise UserError(f"--out {out}: file exists; pass --overwrite to replace it")
         return path

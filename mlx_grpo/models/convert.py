@@ -13,13 +13,18 @@ from pathlib import Path
 import shutil
 
 from mlx_grpo.errors import ModelError
+from mlx_grpo.run.guard import check_replaceable
 
 DTYPES = ("float16", "bfloat16", "float32")
 
 
 @contextmanager
-def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--mlx-path"):
-    """Yield a fresh temporary folder that becomes `dst` when the block succeeds."""
+def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--mlx-path", keep=()):
+    """Yield a fresh temporary folder that becomes `dst` when the block succeeds.
+
+    `keep`: (what, path) pairs the command reads; `dst` may not be, hold or lie inside one of
+    them, nor hold a training run (run/guard.py)."""
+    check_replaceable(dst, flag, keep)
     dst = Path(dst).expanduser()
     if dst.exists() and not dst.is_dir():
         raise ModelError(f"{flag} {dst}: exists and is not a folder")
@@ -54,7 +59,7 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
     source = resolve_model_path(hf_path)
     if source.startswith((".", "/", "~")) and not Path(source).expanduser().is_dir():
         raise ModelError(f"--hf-path {hf_path}: no such folder")
-    with output_folder(mlx_path, force) as tmp:
+    with output_folder(mlx_path, force, keep=[("the --hf-path folder", source)]) as tmp:
         tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
         quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
                 q_group_size=q_group_size if quantize else None, dtype=dtype,

@@ -18,13 +18,17 @@ from mlx_grpo.config import save_config
 from mlx_grpo.models.convert import output_folder
 from mlx_grpo.models.named import load_model
 from mlx_grpo.models.saved_template import write_system_prompt
+from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import CONFIG
 
 
 def export_model(source: str, out: str, *, adapter: str | None = None, dequantize: bool = False,
                  force: bool = False) -> Path:
     """Write `source` (a run folder, checkpoint, or base plus `adapter`) to `out`; returns it."""
+    keep = [("the source", source), ("the adapter", adapter)]
+    check_replaceable(out, "--out", keep)  # before minutes of loading and fusing
     loaded = load_model(source, adapter)
+    keep.append(("the base model", loaded.base_path))
     model = loaded.model
     fuse_adapters(model, dequantize=dequantize)
     config = mlx_lm.utils.load_config(Path(loaded.base_path))
@@ -32,7 +36,7 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
         model = dequantize_model(model)
         config.pop("quantization", None)
         config.pop("quantization_config", None)
-    with output_folder(out, force, flag="--out") as tmp:
+    with output_folder(out, force, flag="--out", keep=keep) as tmp:
         mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
         write_system_prompt(tmp, loaded.system_prompt)
         if loaded.config is not None:

@@ -20,6 +20,7 @@ import mlx.core as mx
 from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.run.checkpoint import checkpoint_damage, load_optimizer_state
+from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import (
     ADAPTER_WEIGHTS, CHECKPOINTS, CONFIG, METRICS, RUN_FILES, TRAINER_STATE, checkpoint_dir, list_checkpoints,
     read_trainer_state,
@@ -115,7 +116,11 @@ def open_run(cfg, *, overwrite: bool = False, force: bool = False) -> ResumePoin
     out = Path(cfg.output_dir)
     held = _held_run(out)
     if overwrite:
+        keep = [("model.path", cfg.model.path), ("lora.resume_adapter", cfg.lora.resume_adapter or None)]
         for name in held:  # only what a run writes; other files in the folder stay
+            path = out / name
+            check_replaceable(path, "--overwrite", keep, allow_run=True)
+        for name in held:
             path = out / name
             shutil.rmtree(path) if path.is_dir() else path.unlink()
         return None

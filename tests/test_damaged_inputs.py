@@ -170,6 +170,8 @@ def test_a_hub_id_in_offline_mode_is_one_line_in_a_fresh_process(tmp_path, key):
 def test_report_skips_damaged_metrics_lines_with_a_warning_naming_them(tmp_path, capsys):
     import json
 
+    pytest.importorskip("matplotlib", reason="report draws with matplotlib, the optional `plot` extra")
+
     rows = [json.dumps({"step": s, "reward": 0.1 * s, "step_time": 1.0, "peak_memory_gb": 0.5}) for s in range(1, 7)]
     rows[2] = '{"step": 3, "rew\xff'  # bad JSON, and not UTF-8 once encoded
     rows[4] = "[5]"  # JSON, but not a row

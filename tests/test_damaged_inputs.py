@@ -245,3 +245,38 @@ def test_a_cached_hub_model_loads_from_the_cache_when_the_hub_never_answers(tmp_
     model, _, local = load_base(ModelConfig(path="nobody/cached-tiny", dtype="float32"))
     assert local == str(snapshot) and model.args.hidden_size == 128
     assert f"model.path 'nobody/cached-tiny' loads from the cache, {snapshot}" in capsys.readouterr().err
+
+
+# --- a model named on the command line that is not there --------------------------------------
+
+_MODEL_COMMANDS = {  # the command line before the model, and the flag its errors must name
+    "eval": (["eval", "--limit", "1", "--model"], "--model"),
+    "generate": (["generate", "--prompt", "hi", "--model"], "--model"),
+    "chat": (["chat", "--model"], "--model"),
+    "export": (["export", "--out", "exported"], "export"),
+    "convert": (["convert", "--mlx-path", "converted", "--hf-path"], "--hf-path"),
+}
+
+
+@pytest.mark.parametrize("command", list(_MODEL_COMMANDS))
+def test_a_missing_local_model_is_one_line_naming_the_flag_typed(tmp_path, capsys, monkeypatch, command):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()  # `runs/typo` then looks local: a missing folder, never a hub id
+    argv, flag = _MODEL_COMMANDS[command]
+    assert cli.main([*argv, "runs/typo"]) == 2
+    _one_line_error(capsys, f"{flag} runs/typo: no such folder")
+
+
+@pytest.mark.parametrize("command", list(_MODEL_COMMANDS))
+def test_a_hub_model_with_a_hub_that_never_answers_is_one_line_naming_the_flag(tmp_path, capsys, silent_hub,
+                                                                             monkeypatch, command):
+    import time
+
+    from mlx_grpo.config.hub import TIMEOUT_S
+
+    monkeypatch.chdir(tmp_path)
+    argv, flag = _MODEL_COMMANDS[command]
+    tic = time.monotonic()
+    assert cli.main([*argv, "nobody/no-such-thing"]) == 2
+    assert time.monotonic() - tic < 2 * TIMEOUT_S + 5
+    _one_line_error(capsys, f"{flag}: cannot load 'nobody/no-such-thing' from the hub, which cannot be reached")

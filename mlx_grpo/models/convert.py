@@ -54,11 +54,16 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
                   q_group_size: int = 64, dtype: str | None = None, force: bool = False,
                   trust_remote_code: bool = False) -> Path:
     """Write the MLX folder `mlx_path` from `hf_path`; returns it."""
-    from mlx_grpo.models.load import resolve_model_path
+    from mlx_grpo.config.paths import is_local_path
+    from mlx_grpo.models.load import hub_or_cache, resolve_model_path
 
     source = resolve_model_path(hf_path)
-    if source.startswith((".", "/", "~")) and not Path(source).expanduser().is_dir():
+    if Path(source).expanduser().is_file():
+        raise ModelError(f"--hf-path {hf_path}: is a file, not a model folder")
+    if is_local_path(source) and not Path(source).expanduser().is_dir():
         raise ModelError(f"--hf-path {hf_path}: no such folder")
+    if not Path(source).expanduser().exists():  # a hub id: one line at once when the hub cannot be reached
+        source = hub_or_cache(source, "--hf-path")
     with output_folder(mlx_path, force, keep=[("the --hf-path folder", source)]) as tmp:
         tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
         quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,

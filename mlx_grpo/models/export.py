@@ -27,7 +27,7 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
     """Write `source` (a run folder, checkpoint, or base plus `adapter`) to `out`; returns it."""
     keep = [("the source", source), ("the adapter", adapter)]
     check_replaceable(out, "--out", keep)  # before minutes of loading and fusing
-    loaded = load_model(source, adapter)
+    loaded = load_model(source, adapter, flag="export")
     keep.append(("the base model", loaded.base_path))
     model = loaded.model
     fuse_adapters(model, dequantize=dequantize)

@@ -99,9 +99,10 @@ def check_model_folder(path: str) -> None:
         raise ModelError(f"model.path: {path} has no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
 
 
-def hub_or_cache(repo: str) -> str:
+def hub_or_cache(repo: str, setting: str = "model.path") -> str:
     """`repo` while the hub answers (or HF_HUB_OFFLINE is set); the cached copy's folder when
-    the hub cannot be reached, so that mlx-lm does not wait on it; else one line at once."""
+    the hub cannot be reached, so that mlx-lm does not wait on it; else one line at once, naming
+    `setting` (the key or flag that gave the id)."""
     from mlx_grpo.config.hub import TIMEOUT_S, unreachable
 
     why = unreachable(repo, "model")
@@ -110,9 +111,9 @@ def hub_or_cache(repo: str) -> str:
     try:
         local = str(mlx_lm.utils.hf_repo_to_path(repo))
     except Exception:  # not in the cache, or only part of it
-        raise ModelError(f"model.path: cannot load {repo!r} from the hub, which cannot be reached (no answer "
+        raise ModelError(f"{setting}: cannot load {repo!r} from the hub, which cannot be reached (no answer "
                          f"within {TIMEOUT_S:.0f} s: {why}), and it is not in the Hugging Face cache") from None
-    print(f"mlx-grpo: the hub cannot be reached ({why.split(':')[0]}); model.path {repo!r} loads from "
+    print(f"mlx-grpo: the hub cannot be reached ({why.split(':')[0]}); {setting} {repo!r} loads from "
           f"the cache, {local}", file=sys.stderr)
     return local
 

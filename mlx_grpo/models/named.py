@@ -17,8 +17,9 @@ import mlx_lm
 from mlx_lm.tuner.utils import load_adapters
 
 from mlx_grpo.config import Config, load_config
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.errors import ModelError
-from mlx_grpo.models.load import load_base, resolve_model_path
+from mlx_grpo.models.load import hub_or_cache, load_base, resolve_model_path
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
 from mlx_grpo.run.checkpoint import checkpoint_damage
 from mlx_grpo.run.layout import (
@@ -46,87 +47,92 @@ def _run_config(folder: Path) -> Config | None:
     return load_config(path) if path.is_file() else None
 
 
-def _looks_local(spec: str) -> bool:
-    return spec.startswith((".", "/", "~")) or Path(spec).expanduser().exists()
-
-
-def _checkpoint_of(spec: str, path: Path) -> Path:
+def _checkpoint_of(spec: str, path: Path, flag: str) -> Path:
     """The folder holding the weights: a run folder gives its latest checkpoint."""
     if (path / CHECKPOINTS).is_dir() and not (path / MODEL_CONFIG).exists():
         found = latest_checkpoint(path)
         if found is None:
-            raise ModelError(f"--model {spec}: run folder {path} has no complete checkpoint yet")
+            raise ModelError(f"{flag} {spec}: run folder {path} has no complete checkpoint yet")
         return found
     return path
 
 
-def _load_folder(spec: str, path: Path) -> LoadedModel:
-    ckpt = _checkpoint_of(spec, path)
+def _load_folder(spec: str, path: Path, flag: str) -> LoadedModel:
+    ckpt = _checkpoint_of(spec, path, flag)
     if (ckpt / MANIFEST).is_file() and (problem := checkpoint_damage(ckpt)):
-        raise ModelError(f"--model {spec}: checkpoint {ckpt} is damaged: {problem}")
+        raise ModelError(f"{flag} {spec}: checkpoint {ckpt} is damaged: {problem}")
     cfg = _run_config(ckpt)
     if (ckpt / ADAPTER_CONFIG).is_file():
         if cfg is None:
             raise ModelError(
-                f"--model {spec}: adapter folder {ckpt} has no {CONFIG} naming its base; "
+                f"{flag} {spec}: adapter folder {ckpt} has no {CONFIG} naming its base; "
                 "give the base as --model and this folder as --adapter"
             )
         model, tokenizer, base_path = load_base(cfg.model)
-        _loading(spec, ckpt, load_adapters, model, str(ckpt))
+        _loading(f"{flag} {spec}", ckpt, load_adapters, model, str(ckpt))
     elif (ckpt / MODEL_CONFIG).is_file():
-        model, tokenizer = _loading(spec, ckpt, mlx_lm.load, str(ckpt))
+        model, tokenizer = _loading(f"{flag} {spec}", ckpt, mlx_lm.load, str(ckpt))
         base_path = str(ckpt)
     else:
         raise ModelError(
-            f"--model {spec}: {ckpt} is not a model folder (no config.json, "
+            f"{flag} {spec}: {ckpt} is not a model folder (no config.json, "
             "adapter_config.json or checkpoints/)"
         )
     model.eval()
     return LoadedModel(model, tokenizer, base_path, cfg, ckpt, run_dir_of(ckpt))
 
 
-def _loading(spec: str, folder: Path, load, *args):
-    """load(*args), with a folder's damaged or mismatched files reported as one line."""
+def _loading(given: str, folder: Path, load, *args):
+    """load(*args), with a folder's damaged or mismatched files reported as one line opening with
+    `given` (the flag and the value the user typed)."""
     try:
         return load(*args)
     except (OSError, RuntimeError, ValueError, KeyError, TypeError) as e:
-        raise ModelError(f"--model {spec}: cannot load {folder} ({type(e).__name__}: "
+        raise ModelError(f"{given}: cannot load {folder} ({type(e).__name__}: "
                          f"{' '.join(str(e).split())[:300]})") from e
 
 
-def _load_named(spec: str) -> LoadedModel:
+def _load_named(spec: str, flag: str) -> LoadedModel:
     """A hub id or builtin:NAME."""
     path = resolve_model_path(spec)
+    hub = not Path(path).exists()
+    if hub:  # one line at once when the hub cannot be reached
+        path = hub_or_cache(path, flag)
     try:
         model, tokenizer = mlx_lm.load(path)
     except Exception as e:  # the hub client's errors have many types; say which model failed
-        raise ModelError(f"--model {spec}: cannot load it ({type(e).__name__}: {e})") from e
+        where = " from the hub" if hub else ""
+        raise ModelError(f"{flag}: cannot load {spec!r}{where} ({type(e).__name__}: "
+                         f"{' '.join(str(e).split())[:300]})") from e
     local = path if Path(path).exists() else str(mlx_lm.utils.hf_repo_to_path(path))
     # The built-in models are warm-started on chats that open with the default system prompt.
     system = DEFAULT_SYSTEM_PROMPT if spec.startswith("builtin:") else ""
     return LoadedModel(model, tokenizer, local, None, None, None, system)
 
 
-def load_model(spec: str, adapter: str | None = None) -> LoadedModel:
-    """Load M (see the module docstring), plus an adapter folder when one is given."""
+def load_model(spec: str, adapter: str | None = None, flag: str = "--model") -> LoadedModel:
+    """Load M (see the module docstring), plus an adapter folder when one is given. `flag` is
+    how the user gave M (`--model`, or export's SOURCE), which every error names."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        loaded = _load_folder(spec, path)
-    elif _looks_local(spec):
-        raise ModelError(f"--model {spec}: no such folder")
+        loaded = _load_folder(spec, path, flag)
+    elif path.exists():
+        raise ModelError(f"{flag} {spec}: is a file, not a model or run folder")
+    elif is_local_path(spec):
+        raise ModelError(f"{flag} {spec}: no such folder")
     else:
-        loaded = _load_named(spec)
+        loaded = _load_named(spec, flag)
     if adapter:
-        _add_adapter(loaded, spec, Path(adapter).expanduser())
+        _add_adapter(loaded, spec, Path(adapter).expanduser(), flag)
     return loaded
 
 
-def _add_adapter(loaded: LoadedModel, spec: str, adapter: Path):
+def _add_adapter(loaded: LoadedModel, spec: str, adapter: Path, flag: str):
     if not (adapter / ADAPTER_CONFIG).is_file():
         raise ModelError(f"--adapter {adapter}: not an adapter folder (no adapter_config.json)")
     if loaded.checkpoint is not None and (loaded.checkpoint / ADAPTER_CONFIG).is_file():
-        raise ModelError(f"--model {spec} already carries an adapter; give its base with --adapter")
-    _loading(spec, adapter, load_adapters, loaded.model, str(adapter))
+        raise ModelError(f"{flag} {spec} already carries an adapter; give its base with --adapter")
+    _loading(f"--adapter {adapter}", adapter, load_adapters, loaded.model, str(adapter))
     loaded.model.eval()
     loaded.config = _run_config(adapter) or loaded.config
     loaded.checkpoint, loaded.run_dir = adapter, run_dir_of(adapter)

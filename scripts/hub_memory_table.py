@@ -13,6 +13,7 @@ memory (`--memory-gb` 12, 18, 24, 48), about what Metal's recommended working se
 what `plan` compares with there.
 """
 
+import argparse
 import json
 import struct
 import sys
@@ -77,4 +78,6 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    argparse.ArgumentParser(description=__doc__.split("\n\n")[0], epilog=__doc__,
+                            formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
     sys.exit(main())

@@ -29,7 +29,7 @@ the prompt tokens' constants with the completions at the padded ones, then the c
 update's (full fine-tune and LoRA r8 together).
 """
 
-import sys
+import argparse
 
 import mlx.core as mx
 import numpy as np
@@ -347,6 +347,23 @@ def main(names: list[str]):
     ratio(pts["lora checkpointed"], checkpoint_features(a, b), ckpt)
 
 
+MODES = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_prefix}
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("what", nargs="*", default=["tiny", "small"], metavar="MODEL_OR_MODE",
+                   help=f"builtin model names to fit on (default: tiny small), or one mode of {', '.join(MODES)}")
+    args = p.parse_args(argv)
+    modes = [w for w in args.what if w in MODES]
+    if modes and len(args.what) > 1:
+        p.error(f"a mode ({modes[0]}) runs alone")
+    if bad := [w for w in args.what if w not in MODES and w not in ("tiny", "small")]:
+        p.error(f"unknown model or mode {bad[0]!r}: give tiny, small or one of {', '.join(MODES)}")
+    return args.what
+
+
 if __name__ == "__main__":
-    modes = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_prefix}
-    modes[sys.argv[1]]() if sys.argv[1:2] and sys.argv[1] in modes else main(sys.argv[1:] or ["tiny", "small"])
+    what = parse_args()
+    MODES[what[0]]() if what[0] in MODES else main(what)

@@ -17,6 +17,7 @@ generation.max_new_tokens = the longest completion sampled), since the planner p
 longest shapes a run can see and a 2-step run may stop short of them.
 """
 
+import argparse
 import json
 import subprocess
 import sys
@@ -97,14 +98,25 @@ def replan(saved: list[dict]) -> list[dict]:
     return rows
 
 
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("models", nargs="*", metavar="MODEL", help="builtin models to run (tiny, small; default both)")
+    p.add_argument("--save", metavar="FILE", help="keep each run's measured peak and reached lengths as JSON")
+    p.add_argument("--replan", metavar="FILE", help="predict the runs saved in FILE again; no training")
+    args = p.parse_args(argv)
+    if bad := [m for m in args.models if m not in ("tiny", "small")]:
+        p.error(f"unknown model {bad[0]!r}: give tiny or small")
+    args.models = args.models or ["tiny", "small"]
+    return args
+
+
 if __name__ == "__main__":
-    args = sys.argv[1:]
-    save = args.pop(args.index("--save") + 1) if "--save" in args else None
-    args = [a for a in args if a != "--save"]
+    args = parse_args()
     print("| model | config | shared_prefix | predicted GB | measured GB | error |\n|---|---|---|---|---|---|")
-    if args[:1] == ["--replan"]:
-        rows = replan(json.loads(Path(args[1]).read_text()))
+    if args.replan:
+        rows = replan(json.loads(Path(args.replan).read_text()))
     else:
-        rows = table(args or ["tiny", "small"])
-    if save:
-        Path(save).write_text(json.dumps(rows, indent=1))
+        rows = table(args.models)
+    if args.save:
+        Path(args.save).write_text(json.dumps(rows, indent=1))

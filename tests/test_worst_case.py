@@ -133,3 +133,16 @@ def test_the_cache_limit_is_an_eighth_of_the_device_never_above_mlx_default():
         assert limit_cache(8e6) == int(8e6 * CACHE_SHARE) == mx.set_cache_limit(default)
     finally:
         mx.set_cache_limit(default)
+
+
+def test_the_probe_gives_each_group_its_own_prompt_on_the_shared_prefix_path():
+    cfg = load_config(SMOKE, SHAPES + ["training.shared_prefix=true"])  # one micro-batch: 2 groups of 4
+    tr = setup(cfg, total_updates=1)
+    prompts = []
+
+    def grad_fn(batch):
+        prompts.append(len(batch.prompts))
+        return tr.grad_fn(batch)
+
+    worst_case_update(tr.model, tr.ref_model, grad_fn, tr.settings, cfg)
+    assert prompts == [2]  # one prefix pass per group, as real data makes; one shared prompt read low

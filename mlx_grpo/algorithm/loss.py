@@ -179,6 +179,27 @@ def _masked_mean(x, mask, tokens):
     return x.mean() if x.shape[-1] == 1 else (x * mask).sum() / tokens
 
 
+def _check_options(loss_type: str, level: str, needs_entropies: bool, needs_sampling_logp: bool) -> None:
+    if loss_type not in AGGREGATIONS:
+        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
+    if level not in IMPORTANCE_SAMPLING_LEVELS:
+        raise ValueError(f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
+                         f"got {level!r}")
+    if needs_entropies:
+        raise ValueError("entropies are required when top_entropy_quantile < 1")
+    if needs_sampling_logp:
+        raise ValueError("sampling_logp is required with an importance-sampling correction")
+
+
+def _clip_metrics(ratio, adv, mask, tokens, epsilon: float, epsilon_high: float) -> dict:
+    """TRL's clip_ratio/*: the share of tokens (or completions, under GSPO) the clip cut."""
+    low = (ratio < 1 - epsilon) & (adv < 0)
+    high = (ratio > 1 + epsilon_high) & (adv > 0)
+    return {"clip_ratio/low_mean": _masked_mean(low, mask, tokens),
+            "clip_ratio/high_mean": _masked_mean(high, mask, tokens),
+            "clip_ratio/region_mean": _masked_mean(low | high, mask, tokens)}
+
+
 def grpo_loss(
     logp,
     old_logp,
@@ -214,17 +235,8 @@ def grpo_loss(
     importance_sampling_correction "token_truncate" or "sequence_mask" it weights the policy
     term (algorithm/mismatch.py; cap and floor bound the weights).
     """
-    if loss_type not in AGGREGATIONS:
-        raise ValueError(f"loss_type must be one of {', '.join(LOSS_TYPES)}, got {loss_type!r}")
-    if importance_sampling_level not in IMPORTANCE_SAMPLING_LEVELS:
-        raise ValueError(
-            f"importance_sampling_level must be one of {', '.join(IMPORTANCE_SAMPLING_LEVELS)}, "
-            f"got {importance_sampling_level!r}"
-        )
-    if top_entropy_quantile < 1.0 and entropies is None:
-        raise ValueError("entropies are required when top_entropy_quantile < 1")
-    if importance_sampling_correction != "none" and sampling_logp is None:
-        raise ValueError("sampling_logp is required with an importance-sampling correction")
+    _check_options(loss_type, importance_sampling_level, top_entropy_quantile < 1.0 and entropies is None,
+                   importance_sampling_correction != "none" and sampling_logp is None)
     if old_logp is None:
         old_logp = mx.stop_gradient(logp)
     mask = mask.astype(mx.float32)
@@ -254,11 +266,7 @@ def grpo_loss(
         kl = mx.exp(delta) - delta - 1  # (N, T)
         per_token = per_token + beta * kl * ratio
         metrics["kl"] = (kl * mask).sum() / tokens
-    low = (ratio < 1 - epsilon) & (adv < 0)
-    high = (ratio > 1 + epsilon_high) & (adv > 0)
-    metrics["clip_ratio/low_mean"] = _masked_mean(low, mask, tokens)
-    metrics["clip_ratio/high_mean"] = _masked_mean(high, mask, tokens)
-    metrics["clip_ratio/region_mean"] = _masked_mean(low | high, mask, tokens)
+    metrics.update(_clip_metrics(ratio, adv, mask, tokens, epsilon, epsilon_high))
     num_items = mask.sum() if num_items is None else num_items
     num_sequences = mask.shape[0] if num_sequences is None else num_sequences
     loss = AGGREGATIONS[loss_type](per_token, mask, num_items, num_sequences, max_completion_length)

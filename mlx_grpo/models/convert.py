@@ -6,13 +6,14 @@ is refused unless `force` is given, and the folder is written aside and renamed 
 so a failed or killed run never leaves half a model where the user asked for one.
 """
 
-from contextlib import contextmanager, redirect_stdout
-import io
+from contextlib import contextmanager
 import os
 from pathlib import Path
 import shutil
 
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.errors import ModelError
+from mlx_grpo.models.load import hub_or_cache, quiet_convert, resolve_model_path
 from mlx_grpo.run.guard import check_replaceable
 
 DTYPES = ("float16", "bfloat16", "float32")
@@ -42,21 +43,10 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
         shutil.rmtree(tmp, ignore_errors=True)
 
 
-def quiet_convert(*args, **kwargs):
-    """`mlx_lm.convert.convert`, without the `[INFO] Loading/Quantizing ...` lines it prints."""
-    from mlx_lm.convert import convert
-
-    with redirect_stdout(io.StringIO()):  # it prints only progress; warnings go to stderr, as ours
-        return convert(*args, **kwargs)
-
-
 def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits: int = 4,
                   q_group_size: int = 64, dtype: str | None = None, force: bool = False,
                   trust_remote_code: bool = False) -> Path:
     """Write the MLX folder `mlx_path` from `hf_path`; returns it."""
-    from mlx_grpo.config.paths import is_local_path
-    from mlx_grpo.models.load import hub_or_cache, resolve_model_path
-
     source = resolve_model_path(hf_path)
     if Path(source).expanduser().is_file():
         raise ModelError(f"--hf-path {hf_path}: is a file, not a model folder")

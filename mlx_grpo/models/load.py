@@ -6,7 +6,8 @@ adapters. With LoRA the reference model is the same weights with the adapters
 switched off, so no second copy is held in memory.
 """
 
-from contextlib import contextmanager
+from contextlib import contextmanager, redirect_stdout
+import io
 import os
 from pathlib import Path
 import re
@@ -57,18 +58,24 @@ def quantized_copy(path: str, bits: int, group_size: int, dtype: str, trust_remo
     dst = quantized_dir(path, bits, group_size, dtype)
     if (dst / "config.json").exists():
         return str(dst)
-    from mlx_grpo.models.convert import quiet_convert as convert
-
     tmp = dst.with_name(dst.name + f".tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.parent.mkdir(parents=True, exist_ok=True)
-    convert(path, str(tmp), quantize=True, q_bits=bits, q_group_size=group_size, dtype=dtype,
+    quiet_convert(path, str(tmp), quantize=True, q_bits=bits, q_group_size=group_size, dtype=dtype,
             trust_remote_code=trust_remote_code)
     try:
         tmp.rename(dst)
     except OSError:  # another process finished first; use its copy
         shutil.rmtree(tmp, ignore_errors=True)
     return str(dst)
+
+
+def quiet_convert(*args, **kwargs):
+    """`mlx_lm.convert.convert`, without the `[INFO] Loading/Quantizing ...` lines it prints."""
+    from mlx_lm.convert import convert
+
+    with redirect_stdout(io.StringIO()):  # it prints only progress; warnings go to stderr, as ours
+        return convert(*args, **kwargs)
 
 
 _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")

@@ -1,4 +1,4 @@
-"""The per-unit memory constants of mlx_grpo/models/memory.py, from MLX's memory counters.
+"""The per-unit memory constants of mlx_grpo/planner/constants.py, from MLX's memory counters.
 
     uv run python scripts/measure_memory.py           # tiny and small, fitted together
 
@@ -37,7 +37,7 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config
-from mlx_grpo.models import memory
+from mlx_grpo.planner import constants, predict, shapes
 from mlx_grpo.models.load import checkpoint_layers
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
 
@@ -241,7 +241,7 @@ def shared_peaks(name: str, sets: list[str], grid: list[tuple]) -> list[tuple]:
     from mlx_grpo.update.settings import UpdateSettings
     from mlx_grpo.update.step import optimize
 
-    shape = memory.read_model_shape(resolve_model_path(f"builtin:{name}"))
+    shape = shapes.read_model_shape(resolve_model_path(f"builtin:{name}"))
     cfg = load_config(None, [f'model.path="builtin:{name}"', "training.shared_prefix=true", *sets])
     model, *_ = build_policy(cfg)
     optimizer, settings = make_optimizer(cfg.training, 100), UpdateSettings.from_config(cfg)
@@ -255,7 +255,7 @@ def shared_peaks(name: str, sets: list[str], grid: list[tuple]) -> list[tuple]:
         if i:
             cfg.training.prompts_per_step, cfg.generation.num_generations = groups, G
             cfg.data.max_prompt_tokens, cfg.generation.max_new_tokens = p, t
-            out.append((shape, memory.run_shape(cfg), mx.get_peak_memory() - base))
+            out.append((shape, shapes.run_shape(cfg), mx.get_peak_memory() - base))
     del model
     return out
 
@@ -284,12 +284,12 @@ def shared_fit(pts: list[tuple], features, fixed) -> list[float]:
 
 
 def _logits(s, r) -> float:
-    return r.part_rows * memory._pad(r.max_new, memory.PAD_TO) * s.vocab * 4 * memory.LOGIT_COPIES
+    return r.part_rows * predict._pad(r.max_new, constants.PAD_TO) * s.vocab * 4 * constants.LOGIT_COPIES
 
 
 def _counts(r) -> tuple:
-    """memory._shared_counts of a grid point: all its rows in one micro-batch."""
-    return memory._shared_counts(r, r.part_rows, r.part_rows // r.group_size)
+    """predict._shared_counts of a grid point: all its rows in one micro-batch."""
+    return predict._shared_counts(r, r.part_rows, r.part_rows // r.group_size)
 
 
 def _prompt_features(s, r) -> list:
@@ -301,32 +301,32 @@ def _prompt_features(s, r) -> list:
 def _completions(s, r) -> float:
     """What the plain fit takes as known: the completions' layers at the padded constants, the logits."""
     _, _, ct, ca = _counts(r)
-    return _logits(s, r) + s.layers * memory._layer_bytes(s, ct, ca)
+    return _logits(s, r) + s.layers * predict._layer_bytes(s, ct, ca)
 
 
 def _checkpointed_features(s, r) -> list:
     """Tokens in every layer (CKPT_SHARED_STORED) and one group's plain layer (CKPT_SHARED_LAYERS)."""
     pt, _, ct, _ = _counts(r)
-    return [s.layers * s.hidden * (pt + ct), sum(memory._shared_layer(s, r, min(r.group_size, r.part_rows), 1))]
+    return [s.layers * s.hidden * (pt + ct), sum(predict._shared_layer(s, r, min(r.group_size, r.part_rows), 1))]
 
 
 def _checkpointed_known(s, r) -> float:
     """The checkpointed fit's known part: logits, gradients, the per-row key and value copies."""
-    return _logits(s, r) + memory.CKPT_GRADS * 4 * memory.trainable_params(s, r) + memory._key_copies(s, r, r.part_rows)
+    return _logits(s, r) + constants.CKPT_GRADS * 4 * shapes.trainable_params(s, r) + predict._key_copies(s, r, r.part_rows)
 
 
 def _above_optimizer(pts: list[tuple]) -> list[tuple]:
     """The points whose peak the micro-batch decides, not the optimizer step."""
-    return [p for p in pts if p[2] > 1.05 * memory.OPTIMIZER_STEP * 4 * memory.trainable_params(p[0], p[1])]
+    return [p for p in pts if p[2] > 1.05 * constants.OPTIMIZER_STEP * 4 * shapes.trainable_params(p[0], p[1])]
 
 
 def shared_prefix() -> None:
     """PREFIX_HIDDEN, PREFIX_ATTENTION (plain layers), then with them CKPT_SHARED_STORED,
-    CKPT_SHARED_LAYERS (grad_checkpoint, full fine-tune and LoRA r8) of mlx_grpo/models/memory.py,
+    CKPT_SHARED_LAYERS (grad_checkpoint, full fine-tune and LoRA r8) of mlx_grpo/planner/constants.py,
     fitted on tiny and small."""
     plain = _above_optimizer([p for name, grid in SHARED_PLAIN.items() for p in shared_peaks(name, [], grid)])
     print("shared prefix, plain: PREFIX_HIDDEN, PREFIX_ATTENTION =")
-    memory.PREFIX_HIDDEN, memory.PREFIX_ATTENTION = shared_fit(plain, _prompt_features, _completions)
+    constants.PREFIX_HIDDEN, constants.PREFIX_ATTENTION = shared_fit(plain, _prompt_features, _completions)
     sets = ["training.grad_checkpoint=true"]
     ckpt = [p for name, grid in SHARED_CHECKPOINTED.items() for p in shared_peaks(name, sets, grid)]
     ckpt += shared_peaks("tiny", [*sets, "lora.enabled=true"], SHARED_CHECKPOINTED["tiny"])

@@ -1,4 +1,4 @@
-"""The memory planner (mlx_grpo/models/memory.py) against real runs: predicted peak vs the
+"""The memory planner (mlx_grpo/planner/) against real runs: predicted peak vs the
 `peak_memory_gb` that metrics.jsonl records, per config.
 
     uv run python scripts/validate_memory_plan.py            # tiny and small

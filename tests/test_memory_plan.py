@@ -13,10 +13,9 @@ from mlx.utils import tree_flatten
 from mlx_grpo.cli import main
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config
-from mlx_grpo.models.memory import (
-    ACT_ATTENTION, ACT_HIDDEN, PREFIX_ATTENTION, PREFIX_HIDDEN, _groups_in_chunk, predict, read_header,
-    read_model_shape, run_shape, trainable_params,
-)
+from mlx_grpo.planner.constants import ACT_ATTENTION, ACT_HIDDEN, PREFIX_ATTENTION, PREFIX_HIDDEN
+from mlx_grpo.planner.predict import _groups_in_chunk, predict
+from mlx_grpo.planner.shapes import read_header, read_model_shape, run_shape, trainable_params
 
 SMOKE = "configs/smoke_test.toml"
 

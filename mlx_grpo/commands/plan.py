@@ -1,5 +1,5 @@
 """`mlx-grpo plan`: will this profile fit in this machine's memory? The predicted peak of each
-phase (models/memory.py: config.json and safetensors headers, no weights loaded) against the
+phase (planner/: config.json and safetensors headers, no weights loaded) against the
 device's memory, and, when it does not fit, single changes that would. `train` runs the same
 check (`check_fits`) before it loads anything.
 """
@@ -10,7 +10,9 @@ from pathlib import Path
 
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
-from mlx_grpo.models.memory import GB, PlanError, predict, read_model_shape, run_shape, suggestions
+from mlx_grpo.planner.constants import GB
+from mlx_grpo.planner.predict import predict, suggestions
+from mlx_grpo.planner.shapes import PlanError, read_model_shape, run_shape
 
 PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout copy", "rollout KV cache", "update activations",
           "logits", "rollout", "update")

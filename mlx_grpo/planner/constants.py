@@ -1,0 +1,71 @@
+"""The memory planner's per-unit constants, each with where it was measured.
+
+Every one was measured on MLX's CPU backend (float32, mlx 0.32.4, mlx-lm 0.32.2) with
+`uv run python scripts/measure_memory.py`, on builtin:tiny (4 layers x 128) and builtin:small
+(8 x 512) fitted together. predict.py reads them through this module, so a script that refits
+one (measure_memory.py) sets it here.
+"""
+
+# Update (forward + backward + gradient accumulation of one micro-batch, real GRPO loss, through
+# update/step.py's `optimize`, training.shared_prefix off), bytes per token per layer = ACT_HIDDEN *
+# hidden + ACT_ATTENTION * heads * L (L: padded sequence length). Least squares over relative error
+# on the 10 grid points where the micro-batch decides the peak (tiny 4-8 rows x 64-256 tokens, small
+# 4-8 x 128-256); worst point 9.3% off. The gradients this pass holds are inside the fit.
+ACT_HIDDEN = 111.7
+ACT_ATTENTION = 7.686
+# grad_checkpoint: bytes per token = CKPT_STORED * layers * hidden (each block's kept input) +
+# CKPT_LAYERS plain layers' ACT_HIDDEN part and CKPT_ATTENTION plain layers' ACT_ATTENTION part (the
+# block being recomputed and its gradient) + CKPT_GRADS * the trainable parameters' bytes; the grid
+# with checkpointing on, and 8 x 384, 4 x 512 (12 points), worst 2.6% off. One multiple of a whole
+# layer (2.33, fitted to 256 tokens) over-predicted LoRA at 384 tokens by 18-23%: the recomputed
+# block's attention scores are held fewer times than its other activations.
+CKPT_STORED = 5.328
+CKPT_LAYERS = 2.604
+CKPT_ATTENTION = 1.641
+CKPT_GRADS = 0.468
+# Shared prefix (training.shared_prefix, algorithm/prefix.py): each group's prompt runs once, with
+# no head, and its last layer feeds only its keys and values, so a prompt token counts over
+# layers - 1 at PREFIX_HIDDEN * hidden + PREFIX_ATTENTION * heads per key (P - 1 tokens over P - 1
+# keys); each completion input counts over all layers at ACT_HIDDEN, ACT_ATTENTION, over the
+# prompt's keys and its own. Least squares by `scripts/measure_memory.py shared` (tiny and small,
+# G 2-8, 1-8 prompts, prompts 32-320, completions 32-96; 28 points), the completions held at the
+# padded constants: -11.0% to +12.8% off. A prompt token charged as a padded one (ACT_HIDDEN, all
+# layers) over-predicted 333-token prompts by 37%; it holds as much per key, less per token.
+PREFIX_HIDDEN = 81.49
+PREFIX_ATTENTION = 7.510
+# grad_checkpoint with shared prefixes: bytes per token (prompt tokens once, completion inputs) =
+# CKPT_SHARED_STORED * layers * hidden, plus each layer's concatenated prompt + completion keys and
+# values for every row (a checkpointed block's outputs, kept to the backward: counted, not fitted;
+# a trial fit with them free gave 0.97 of that), plus CKPT_SHARED_LAYERS plain layers of one group's
+# passes (prefix.py runs each group apart, so the recomputation holds one group's), plus
+# CKPT_GRADS * the gradients: least squares by `scripts/measure_memory.py shared` (tiny full and
+# LoRA r8, small full; 27 points): -15.8% to +19.8% off, the scatter mostly tiny's full fine-tunes
+# (36 MB at 16 rows x 96 tokens, below LoRA's 40 at the same shape).
+CKPT_SHARED_STORED = 25.90
+CKPT_SHARED_LAYERS = 1.120
+# LoRA (rank 8, all layers) on the same grid, measured / the formulas above with its trainable
+# parameters: 0.948 plain (points 0.87-1.04), 0.887 checkpointed (0.84-0.95, the longer grid). Under
+# shared prefixes the checkpointed fit below takes LoRA's points in and no ratio.
+LORA_PLAIN = 0.948
+LORA_CHECKPOINTED = 0.887
+# The same update's activations in a 2-byte dtype (bfloat16, float16), as a share of float32's:
+# 0.557 and 0.553 on builtin:small (full fine-tune, 8 x 128 and 8 x 256 tokens; bfloat16 / float32
+# peak above the weights, this CPU backend), applied to LoRA and grad checkpointing unmeasured.
+ACT_HALF = 0.555
+# The optimizer part of an update (accumulated, clipped gradients and AdamW's temporaries), in
+# trainable-parameter bytes above weights + AdamW state: 239 MB / 101.4 MB on builtin:small,
+# where short micro-batches stop growing the peak below it.
+OPTIMIZER_STEP = 2.36
+# Rollout peak above the weights / the KV cache at mlx-lm's 256-token allocation step: 2.08 on
+# builtin:small (1.38-2.31 over 3 shapes and two runs; builtin:tiny 1.24-1.57): the batch cache is built by
+# copying the per-prompt caches, and the decode step's logits come on top.
+ROLLOUT_FACTOR = 2.08
+KV_STEP = 256
+# Completion logits held at the update's peak, in float32 [rows, T, vocab] arrays: 3 (the logits,
+# their gradient, the entropy's softmax, as the code reads), and measured 3.00 by
+# `scripts/measure_memory.py logits` (the peak's growth from a 8,192- to a 65,536-token vocabulary,
+# 8 rows x 96 and 4 x 192 completion tokens, a 2 x 64 random qwen2). On the built-ins' 322-token vocabulary
+# they are under 3% of the update and inside ACT_HIDDEN.
+LOGIT_COPIES = 3
+PAD_TO = 32  # update/batches.py pads sequences to a multiple of 32
+GB = 1e9

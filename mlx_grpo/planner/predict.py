@@ -1,0 +1,141 @@
+"""Predicted peak memory of a run, per phase (`predict`), and the single changes that would fit a
+budget (`suggestions`), from a ModelShape and a RunShape (shapes.py) and the measured per-unit
+constants (constants.py). What `mlx-grpo plan` prints and `train` checks first. Pure Python.
+"""
+
+from dataclasses import replace
+
+from mlx_grpo.planner import constants as C
+from mlx_grpo.planner.shapes import ModelShape, RunShape, trainable_params, weight_bytes
+
+def _pad(n: int, to: int) -> int:
+    return -(-n // to) * to
+
+
+def _groups_in_chunk(rows: int, part_rows: int, group_size: int) -> int:
+    """The most prompts one micro-batch holds: update/batches.py cuts each part (whole groups)
+    into chunks of `rows` from its start, so a chunk not on a group boundary holds part of two."""
+    return max(-(-min(lo + rows, part_rows) // group_size) - lo // group_size for lo in range(0, part_rows, rows))
+
+
+def _shared_counts(run: RunShape, rows: int, groups: int) -> tuple[int, int, int, int]:
+    """(prompt tokens, sum over them of the keys each attends over, completion inputs, the same
+    over theirs) of a shared-prefix micro-batch of `rows` rows holding `groups` prompts: each
+    prompt once, P - 1 tokens over P - 1 keys (not padded), and rows x T completion inputs, each
+    over the prompt's P - 1 keys and the T completion ones."""
+    P, T = max(run.max_prompt - 1, 0), _pad(run.max_new, C.PAD_TO)
+    return groups * P, groups * P * P, rows * T, rows * T * (P + T)
+
+
+def _layer_bytes(shape: ModelShape, tokens: int, attended: int, per_token: float | None = None,
+                 per_key: float | None = None) -> float:
+    """One layer's activations: per_token * hidden per token plus per_key * heads per key it attends over."""
+    per_token = C.ACT_HIDDEN if per_token is None else per_token
+    per_key = C.ACT_ATTENTION if per_key is None else per_key
+    return per_token * shape.hidden * tokens + per_key * shape.heads * attended
+
+
+def _shared_layer(shape: ModelShape, run: RunShape, rows: int, groups: int) -> tuple[float, float]:
+    """One layer of a shared-prefix micro-batch: (its prompts' part, its completions' part)."""
+    pt, pa, ct, ca = _shared_counts(run, rows, groups)
+    return _layer_bytes(shape, pt, pa, C.PREFIX_HIDDEN, C.PREFIX_ATTENTION), _layer_bytes(shape, ct, ca)
+
+
+def _plain_update(shape: ModelShape, run: RunShape, rows: int, groups: int) -> float:
+    """Activations of a micro-batch without checkpointing. Padded: rows x L tokens, each over L."""
+    if not run.shared_prefix:
+        L = _pad(run.max_prompt + run.max_new, C.PAD_TO)
+        return shape.layers * _layer_bytes(shape, rows * L, rows * L * L)
+    prompts, completions = _shared_layer(shape, run, rows, groups)
+    return max(shape.layers - 1, 0) * prompts + shape.layers * completions
+
+
+def _checkpointed_update(shape: ModelShape, run: RunShape, rows: int, groups: int) -> float:
+    """Activations of a micro-batch under grad_checkpoint, without the gradients."""
+    if not run.shared_prefix:
+        L = _pad(run.max_prompt + run.max_new, C.PAD_TO)
+        recomputed = _layer_bytes(shape, rows * L, rows * L * L, C.CKPT_LAYERS * C.ACT_HIDDEN,
+                                  C.CKPT_ATTENTION * C.ACT_ATTENTION)
+        return C.CKPT_STORED * shape.layers * shape.hidden * rows * L + recomputed
+    pt, _, ct, _ = _shared_counts(run, rows, groups)
+    one = sum(_shared_layer(shape, run, min(run.group_size, rows), 1))
+    stored = C.CKPT_SHARED_STORED * shape.layers * shape.hidden * (pt + ct) + _key_copies(shape, run, rows)
+    return stored + C.CKPT_SHARED_LAYERS * one
+
+
+def _key_copies(shape: ModelShape, run: RunShape, rows: int) -> float:
+    """Float32 bytes of every layer's keys and values over prompt + completion, one copy a row: the
+    concatenation that the completion pass makes of the broadcast prompt keys (prefix.py)."""
+    keys = max(run.max_prompt - 1, 0) + _pad(run.max_new, C.PAD_TO)
+    return shape.layers * rows * keys * shape.kv_heads * shape.head_dim * 2 * 4
+
+
+def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
+    """Bytes of each phase, and `peak`: what stays (weights, adapters, AdamW state, reference)
+    plus the larger of the rollout and the update."""
+    b = run.dtype_bytes
+    weights = weight_bytes(shape, b, run.quantize_bits, run.quantize_group)
+    trainable = trainable_params(shape, run)
+    adapters = trainable * b if run.lora else 0.0
+    optimizer = 2 * trainable * b  # AdamW's two moments, in the parameters' dtype
+    reference = weights if run.beta > 0 and not run.lora else 0.0
+    # generation.quantize_bits: the quantized copy (rollout/quantized.py, group size 64) is held
+    # from one update to the next; the formula, not a measurement
+    copy = weight_bytes(shape, b, run.rollout_bits, 64) if run.rollout_bits else 0.0
+    decoding = min(run.decode_batch or run.sequences, run.sequences)
+    slots = _pad(run.max_prompt + run.max_new, C.KV_STEP)
+    kv = decoding * slots * shape.layers * shape.kv_heads * shape.head_dim * 2 * b
+    rows = min(run.micro_batch or run.part_rows, run.part_rows)
+    T = _pad(run.max_new, C.PAD_TO)
+    groups = _groups_in_chunk(rows, run.part_rows, run.group_size)
+    half = C.ACT_HALF if b == 2 else 1.0
+    if run.grad_checkpoint:
+        stored = _checkpointed_update(shape, run, rows, groups) * half
+        lora = C.LORA_CHECKPOINTED if run.lora and not run.shared_prefix else 1.0  # the shared fit has LoRA in it
+        micro = (stored + C.CKPT_GRADS * trainable * b) * lora
+    else:
+        micro = _plain_update(shape, run, rows, groups) * (C.LORA_PLAIN if run.lora else 1.0) * half
+    activations = max(micro, C.OPTIMIZER_STEP * trainable * b)
+    logits = rows * T * shape.vocab * 4 * C.LOGIT_COPIES
+    phases = {
+        "weights": weights, "adapters": adapters, "optimizer state": optimizer, "reference": reference,
+        "rollout copy": copy, "rollout KV cache": kv * C.ROLLOUT_FACTOR, "update activations": activations, "logits": logits,
+    }
+    held = weights + adapters + optimizer + reference + copy
+    phases["rollout"] = held + phases["rollout KV cache"]
+    phases["update"] = held + activations + logits
+    phases["peak"] = max(phases["rollout"], phases["update"])
+    return phases
+
+
+def suggestions(shape: ModelShape, run: RunShape, budget: float) -> list[tuple[str, float]]:
+    """Single changes, each as (--set items, predicted peak bytes), that bring the peak under
+    `budget`, smallest change first; empty when none does."""
+    rows = min(run.micro_batch or run.part_rows, run.part_rows)
+    tries = []
+    for mb in (rows // 2, rows // 4, 1):
+        if 1 <= mb < rows:
+            tries.append((f"training.micro_batch_size={mb}", replace(run, micro_batch=mb)))
+    decoding = min(run.decode_batch or run.sequences, run.sequences)
+    for gb in (decoding // 2, decoding // 4):
+        if 1 <= gb < decoding:
+            tries.append((f"generation.batch_size={gb}", replace(run, decode_batch=gb)))
+    if not run.grad_checkpoint:
+        tries.append(("training.grad_checkpoint=true", replace(run, grad_checkpoint=True)))
+    if not run.lora:
+        tries.append(("lora.enabled=true", replace(run, lora=True)))
+    if run.lora and not run.quantize_bits and not shape.quant_bits:
+        tries.append(("model.quantize_bits=4", replace(run, quantize_bits=4)))
+    if not run.lora:
+        tries.append(("lora.enabled=true model.quantize_bits=4", replace(run, lora=True, quantize_bits=4)))
+    for n in (run.max_new // 2, run.max_new // 4):
+        if n >= 1:
+            tries.append((f"generation.max_new_tokens={n}", replace(run, max_new=n)))
+    if run.max_prompt >= 2:
+        tries.append((f"data.max_prompt_tokens={run.max_prompt // 2}", replace(run, max_prompt=run.max_prompt // 2)))
+    out = []
+    for text, changed in tries:
+        peak = predict(shape, changed)["peak"]
+        if peak <= budget:
+            out.append((text, peak))
+    return out

@@ -1,0 +1,161 @@
+"""What the memory planner knows of a model and a run: the model's config.json and the tensors
+listed in its safetensors headers (`ModelShape`, no weight is loaded), and the values of a run
+the memory depends on (`RunShape`). Pure Python: json and struct only.
+"""
+
+from dataclasses import dataclass, field
+import json
+import math
+from pathlib import Path
+import struct
+
+from mlx_grpo.errors import ModelError
+
+# Bytes per element of each safetensors dtype.
+DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
+               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+class PlanError(ModelError):
+    """A model folder whose config.json or safetensors headers cannot be read as a model's."""
+
+
+@dataclass
+class Tensor:
+    dtype: str
+    shape: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return math.prod(self.shape)
+
+
+@dataclass
+class ModelShape:
+    """What the planner needs of a model: its config.json and the tensors of its safetensors."""
+
+    layers: int
+    hidden: int
+    heads: int
+    kv_heads: int
+    head_dim: int
+    vocab: int
+    tensors: dict[str, Tensor] = field(default_factory=dict)
+    quant_bits: int = 0  # of a model stored quantized
+    quant_group: int = 64
+
+
+def read_header(path: Path) -> dict[str, Tensor]:
+    """The tensors of one safetensors file: an 8-byte little-endian length, then a JSON header."""
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        header = json.loads(f.read(n))
+    return {k: Tensor(v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
+
+
+def read_model_shape(folder) -> ModelShape:
+    """config.json and every model*.safetensors header of a local model folder."""
+    folder = Path(folder)
+    try:
+        cfg = json.loads((folder / "config.json").read_text())
+    except (OSError, ValueError) as e:
+        raise PlanError(f"model.path: cannot read {folder / 'config.json'} ({e})") from e
+    cfg = {**cfg.get("text_config", {}), **cfg}
+    files = sorted(folder.glob("model*.safetensors"))
+    if not files:
+        raise PlanError(f"model.path: {folder} has no model*.safetensors to read the shapes from")
+    tensors = {}
+    for f in files:
+        tensors.update(read_header(f))
+    heads = cfg["num_attention_heads"]
+    q = cfg.get("quantization") or {}
+    return ModelShape(
+        layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
+        kv_heads=cfg.get("num_key_value_heads", heads),
+        head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
+        tensors=tensors, quant_bits=q.get("bits", 0), quant_group=q.get("group_size", 64),
+    )
+
+
+def _quantizable(name: str, t: Tensor, group: int) -> bool:
+    """What mlx-lm's quantize touches: Linear and Embedding weights whose rows split into groups."""
+    return name.endswith(".weight") and len(t.shape) == 2 and "norm" not in name and t.shape[-1] % group == 0
+
+
+def weight_bytes(shape: ModelShape, dtype_bytes: int, bits: int, group: int) -> float:
+    """The weights as loaded: floats cast to the run's dtype; quantized ones (stored so, or
+    quantized by the run) at bits/8 per parameter plus a scale and a bias per group."""
+    total = 0.0
+    for name, t in shape.tensors.items():
+        if shape.quant_bits or t.dtype in ("U32", "I32", "U8"):
+            total += t.size * (DTYPE_BYTES[t.dtype] if t.dtype in ("U32", "I32", "U8") else dtype_bytes)
+        elif bits and _quantizable(name, t, group):
+            total += t.size * (bits / 8 + 2 * dtype_bytes / group)
+        else:
+            total += t.size * dtype_bytes
+    return total
+
+
+def _in_features(shape: ModelShape, t: Tensor) -> int:
+    return t.shape[-1] * 32 // shape.quant_bits if shape.quant_bits and t.dtype == "U32" else t.shape[-1]
+
+
+def trainable_params(shape: ModelShape, run: "RunShape") -> int:
+    """Every float parameter (full fine-tune), or the LoRA/DoRA adapters' A and B (and DoRA's
+    magnitudes) on the target modules of the last lora_layers blocks."""
+    if not run.lora:
+        return sum(t.size for t in shape.tensors.values())
+    adapted = run.lora_layers if 0 <= run.lora_layers <= shape.layers else shape.layers
+    first = shape.layers - adapted
+    total = 0
+    for name, t in shape.tensors.items():
+        parts = name.split(".")
+        if not name.endswith(".weight") or "layers" not in parts:
+            continue
+        i = parts.index("layers")
+        block, module = int(parts[i + 1]), ".".join(parts[i + 2:-1])
+        if block >= first and module in run.lora_targets:
+            out, inp = t.shape[0], _in_features(shape, t)
+            total += run.lora_rank * (inp + out) + (out if run.dora else 0)
+    return total
+
+
+@dataclass(frozen=True)
+class RunShape:
+    """The run's values the memory depends on (from a Config by `run_shape`)."""
+
+    dtype_bytes: int
+    quantize_bits: int
+    quantize_group: int
+    lora: bool
+    lora_rank: int
+    lora_layers: int
+    lora_targets: tuple[str, ...]
+    dora: bool
+    beta: float
+    sequences: int  # decoded in one rollout: prompts_per_step * accumulation * G
+    decode_batch: int  # generation.batch_size, 0 = all
+    max_prompt: int
+    max_new: int
+    part_rows: int  # sequences of one accumulation part: prompts_per_step * G
+    micro_batch: int  # 0 = the whole part
+    grad_checkpoint: bool
+    rollout_bits: int = 0  # generation.quantize_bits: a quantized copy of the policy samples; 0 = none
+    shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once (algorithm/prefix.py)
+    group_size: int = 1  # generation.num_generations: rows sharing one prompt
+
+
+def run_shape(cfg, dtype: str = "float32") -> RunShape:
+    """The RunShape of a Config; `dtype` is model.dtype resolved for this backend."""
+    t, gen, lo = cfg.training, cfg.generation, cfg.lora
+    return RunShape(
+        dtype_bytes=FLOAT_BYTES[dtype], quantize_bits=cfg.model.quantize_bits,
+        quantize_group=cfg.model.quantize_group_size, lora=lo.enabled, lora_rank=lo.rank,
+        lora_layers=lo.num_layers, lora_targets=tuple(lo.target_modules), dora=lo.method == "dora",
+        beta=cfg.grpo.beta,
+        sequences=t.prompts_per_step * t.gradient_accumulation_steps * gen.num_generations,
+        decode_batch=gen.batch_size, max_prompt=cfg.data.max_prompt_tokens, max_new=gen.max_new_tokens,
+        part_rows=t.prompts_per_step * gen.num_generations, micro_batch=t.micro_batch_size,
+        grad_checkpoint=t.grad_checkpoint, rollout_bits=gen.quantize_bits, shared_prefix=t.shared_prefix,
+        group_size=gen.num_generations,
+    )

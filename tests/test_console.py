@@ -132,3 +132,18 @@ def test_a_long_step_shows_its_progress_in_the_bar(tmp_path, capsys, monkeypatch
         assert re.findall(rf"step {step}: update (\d+)/8 micro-batches", err) == [str(i) for i in range(9)]
     assert "step 2: evaluating" in err
     assert json.loads((tmp_path / "metrics.jsonl").read_text().splitlines()[-1])["step"] == 2
+
+
+def test_a_long_completion_shows_its_start_and_the_end_the_reward_read():
+    completion = "<reasoning>\n9 - 5 = 4\n</reasoning>\n<answer>\n4\n</answer>"
+    question_line, line = format_sample("What is 9 - 5?", completion, 1.0, 80)
+    assert question_line == "--- prompt: 'What is 9 - 5?'"
+    # 31 columns of lead, 18 of the start, 5 of " ... ", 26 of the end (3/5 of the 44 left): 80
+    assert line == "--- completion (reward 1.000): '<reasoning>\\n9 -' ... '\\n<answer>\\n4\\n</answer>'"
+    long = "Janet's ducks lay 16 eggs per day. She eats three and bakes with four. " * 6 + "<answer>\n18\n</answer>"
+    # the start's repr in double quotes (it holds a '); 31 + 18 + 5 + 26 = 80, and 31 + 26 + 5 + 37 = 99
+    assert format_sample("q", long, 0.5, 80)[1] == (
+        "--- completion (reward 0.500): \"Janet's ducks la\" ... ' <answer>\\n18\\n</answer>'")
+    assert format_sample("q", long, 0.5, 99)[1] == (
+        "--- completion (reward 0.500): \"Janet's ducks lay 16 egg\" ... ' with four. <answer>\\n18\\n</answer>'")
+    assert format_sample("q", completion, 1.0)[1] == "--- completion (reward 1.000): " + repr(completion)  # fits whole

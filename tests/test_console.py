@@ -1,6 +1,6 @@
 """The training console as a terminal shows it: the bar and the printed lines never share a
 line, no line reaches 100 columns, an eval line follows its step's line, and a long step shows
-its progress inside the bar. Where the output is not a terminal
+its progress inside the bar, never a phase already over. Where the output is not a terminal
 (a pipe to tee, a file), or with --no-progress or TQDM_DISABLE=1, there is no bar at all."""
 
 import fcntl
@@ -200,3 +200,32 @@ def test_eval_draws_its_bar_only_when_asked(tmp_path, monkeypatch, capsys):
         assert ("eval: 100%" in err) is drawn, err
         assert json.loads(out.read_text())["metrics"]["num_prompts"] == 2
 
+
+def test_the_bar_never_shows_a_phase_that_is_over(monkeypatch):
+    now = [0.0]
+    monkeypatch.setattr(console_mod, "time", type("Clock", (), {"monotonic": staticmethod(lambda: now[0])}))
+    monkeypatch.setattr(console_mod, "on_terminal", lambda: True)
+    console = Console(1, 2)
+    steps = iter(console)
+    shown = lambda: console.bar.postfix
+
+    def at(t, call, *args):
+        now[0] = t
+        call(*args)
+        return shown()
+
+    assert next(steps) == 1  # step 1 starts at t = 0
+    assert at(1.0, console.sampling, 50, 0, 8) is None  # before PROGRESS_AFTER (3 s): nothing yet
+    assert at(3.2, console.sampling, 150, 2, 8) == "step 1: sampling 150 tokens, 2/8 done"
+    assert at(3.4, console.sampling, 180, 5, 8) == "step 1: sampling 150 tokens, 2/8 done"  # < 0.5 s later
+    assert at(3.5, console.sampling, 200, 8, 8) == "step 1: sampling 200 tokens, 8/8 done"  # the last count
+    # the update begins 0.1 s later, its first micro-batch may take 18 s: it says so at once
+    assert at(3.6, console.updating, 0, 4) == "step 1: update 0/4 micro-batches"
+    assert at(3.7, console.updating, 1, 4) == "step 1: update 0/4 micro-batches"  # throttled again
+    assert at(4.2, console.updating, 2, 4) == "step 1: update 2/4 micro-batches"
+    assert at(4.3, console.updating, 4, 4) == "step 1: update 4/4 micro-batches"
+    console.done(reward="0.500")
+    now[0] = 10.0
+    assert next(steps) == 2  # a short step: no inner progress, the last step's figures stay
+    assert at(10.1, console.sampling, 200, 8, 8) == at(10.2, console.updating, 0, 4) == "reward=0.500"
+    console.close()

@@ -16,6 +16,7 @@ so there the lines alone are printed. `--no-progress` and TQDM_DISABLE=1 turn it
 
 from contextlib import ExitStack, contextmanager
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -123,7 +124,7 @@ class Console:
         self.bar = cap_width(tqdm(range(first, total + 1), desc="grpo", dynamic_ncols=True,
                                   initial=first - 1, total=total, disable=not self.has_bar))
         self.enabled = enabled
-        self._step, self._started, self._drawn = 0, 0.0, 0.0
+        self._step, self._started, self._drawn_at, self._phase = 0, 0.0, -math.inf, ""
         self._exits = ExitStack()
 
     def __iter__(self):
@@ -135,7 +136,7 @@ class Console:
                 self._exits.enter_context(logging_redirect_tqdm(loggers))
                 self._exits.enter_context(_warnings_through_tqdm())
             for step in self.bar:
-                self._step, self._started, self._drawn = step, time.monotonic(), 0.0
+                self._step, self._started, self._drawn_at, self._phase = step, time.monotonic(), -math.inf, ""
                 yield step
 
     def print(self, text: str) -> None:
@@ -150,21 +151,29 @@ class Console:
 
     def sampling(self, tokens: int, finished: int, sequences: int) -> None:
         """Inner progress of the rollout: tokens sampled so far, sequences finished."""
-        self._inner(f"sampling {tokens:,} tokens, {finished}/{sequences} done")
+        self._inner("sampling", f"sampling {tokens:,} tokens, {finished}/{sequences} done",
+                    last=finished == sequences)
 
     def updating(self, done: int, total: int) -> None:
         """Inner progress of the update: micro-batches through forward and backward."""
-        self._inner(f"update {done}/{total} micro-batches")
+        self._inner("update", f"update {done}/{total} micro-batches", last=done == total)
 
     def evaluating(self) -> None:
-        self._inner("evaluating", force=True)
+        self._inner("evaluating", "evaluating", force=True)
 
-    def _inner(self, text: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.has_bar or (not force and (now - self._started < PROGRESS_AFTER
-                                               or now - self._drawn < PROGRESS_EVERY)):
+    def _inner(self, phase: str, text: str, last: bool = False, force: bool = False) -> None:
+        """Redraw the inner progress at most every PROGRESS_EVERY seconds, from PROGRESS_AFTER
+        seconds into the step; but once this step shows some, a phase's first and last counts
+        are drawn at once: a skipped one would leave the bar showing "sampling 60/128" through
+        the whole of an update whose first micro-batch takes many seconds."""
+        if not self.has_bar:
             return
-        self._drawn = now
+        now = time.monotonic()
+        shown = bool(self._phase)  # this step's inner progress is on the bar
+        due = now - self._started >= PROGRESS_AFTER and now - self._drawn_at >= PROGRESS_EVERY
+        if not (force or due or (shown and (last or phase != self._phase))):
+            return
+        self._drawn_at, self._phase = now, phase
         self.bar.set_postfix_str(f"step {self._step}: {text}")
 
     def close(self) -> None:

@@ -35,6 +35,7 @@ from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
+from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, CONFIG, DAMAGED_SUFFIX, METRICS, checkpoint_dir
 from mlx_grpo.run.console import Console, say, width
@@ -80,6 +81,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     reward_set = reward_set or make_rewards(cfg, config_path)
     if world.is_main:
         check_installed(cfg.logging.report_to)  # before any model loads
+        warn_if_slow(say)  # Linux without OpenBLAS: one line
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo

@@ -277,7 +277,7 @@ def main(args) -> dict:
     cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
     if args.prompt_tokens < 0:
         raise ConfigError(f"--prompt-tokens must be >= 0, got {args.prompt_tokens}")
-    warn_if_slow(say)  # Linux without OpenBLAS: the figures below are then 4x too slow
+    warn_if_slow(say)  # Linux without OpenBLAS: steps then take about 4x as long as with it
     report = run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens)
     print(format_report(report))
     if args.json_path:

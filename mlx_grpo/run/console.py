@@ -109,7 +109,8 @@ def on_terminal() -> bool:
 
 def show_bar(wanted: bool = True) -> bool:
     """Whether to draw a progress bar: on a terminal, unless `wanted` is False (--no-progress)
-    or TQDM_DISABLE is set (to anything but "", "0" or "false", as tqdm's own switch)."""
+    or TQDM_DISABLE is set to anything but "", "0" or "false" (tqdm reads it only for the bars
+    that do not pass `disable` themselves, as ours do)."""
     disabled = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
     return wanted and not disabled and on_terminal()
 

@@ -203,6 +203,21 @@ def test_mlx_launch_two_processes_write_one_log_and_checkpoint_and_resume(tmp_pa
     assert (state["step"], state["data_position"]) == (3, 6)
 
 
+def test_launched_ranks_print_step_lines_with_no_bar_glued_to_them(tmp_path):
+    # The ranks' stdout and stderr are pipes to the launcher: no rank draws a bar there, so the
+    # two streams, merged as on the user's terminal, hold whole step lines and no redraws.
+    sets = ["training.max_steps=2", "training.prompts_per_step=2", "generation.num_generations=4",
+            "generation.max_new_tokens=16", "checkpoint.save_every=10", f'output_dir="{tmp_path / "run"}"']
+    cmd = [sys.executable, "-m", "mlx_grpo", "launch", "-n", "2", "-p", str(_launch_port()), "--",
+           sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",
+           *[x for s in sets for x in ("--set", s)]]
+    proc = subprocess.run(cmd, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:]
+    assert "\r" not in proc.stdout and not re.search(r"^grpo: |%\|", proc.stdout, re.M), proc.stdout
+    steps = [line.split(" | ")[0] for line in proc.stdout.splitlines() if " | loss " in line]
+    assert steps == ["step 1", "step 2"], proc.stdout  # each starts its line, printed by rank 0 alone
+
+
 def test_launch_fails_with_one_line_when_a_rank_fails(tmp_path):
     # rank 0 refuses an output_dir that holds a run; rank 1, waiting on it, loses its peer
     run = tmp_path / "run"

@@ -261,12 +261,12 @@ def test_a_sweep_refuses_an_earlier_sweeps_run_unless_overwrite(tmp_path, monkey
 
     seen = []
 
-    def fake_train(cfg, config_path=None, *, overwrite=False, force=False):
-        seen.append(overwrite)
+    def fake_train(cfg, config_path=None, *, overwrite=False, force=False, progress=True):
+        seen.append((overwrite, progress))
         open_run(cfg, overwrite=overwrite)
         (variant / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward": 0.5}) + "\n")
 
     monkeypatch.setattr(train_mod, "train", fake_train)
-    rows = run_sweep(SMOKE, ["grpo.beta=0"], overrides=sets, overwrite=True)
-    assert seen == [True] and rows[0]["final_reward"] == 0.5
+    rows = run_sweep(SMOKE, ["grpo.beta=0"], overrides=sets, overwrite=True, progress=False)  # --no-progress
+    assert seen == [(True, False)] and rows[0]["final_reward"] == 0.5
     assert sorted(p.name for p in variant.iterdir() if p.name != ".lock") == ["metrics.jsonl", "notes.txt"]

@@ -1,6 +1,7 @@
 """logging.report_to: a real run reports to TensorBoard, W&B (offline) and Trackio (a local store
 in a temporary folder), and each is read back with the tracker's own reader: the same numbers as
-metrics.jsonl at the same steps, the config, and the sample completions. A tracker that is not
+metrics.jsonl at the same steps under TRL's names (train/reward; eval/* as they are), the config,
+and the sample completions. A tracker that is not
 installed stops the run with the line that installs it. Each read-back test skips, saying which
 extra it needs, where that extra is not installed (CI installs all three: .ci/run)."""
 
@@ -20,7 +21,7 @@ from mlx_grpo import cli
 from mlx_grpo.config import load_config
 from mlx_grpo.config.load import ConfigError
 from mlx_grpo.run.log import read_jsonl, read_metrics
-from mlx_grpo.run.trackers import EXTRAS, TRACKERS
+from mlx_grpo.run.trackers import EXTRAS, TRACKERS, Trackers
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALLED = [name for name in TRACKERS if importlib.util.find_spec(EXTRAS[name])]
@@ -35,13 +36,14 @@ def needs(name: str):
 
 @pytest.fixture(scope="module")
 def reported(tmp_path_factory):
-    """One 3-step run of the smoke profile reporting to every installed tracker, offline, as a
-    user starts it; (run folder, trackio's folder)."""
+    """One 3-step run of the smoke profile, evaluated at step 2, reporting to every installed
+    tracker, offline, as a user starts it; (run folder, trackio's folder)."""
     if not INSTALLED:
         pytest.skip("no tracker extra is installed (`uv sync --extra tensorboard` and so on)")
     tmp = tmp_path_factory.mktemp("trackers")
     out, trackio_dir = tmp / "run", tmp / "trackio"
-    sets = [*FAST, f'output_dir="{out}"', f"logging.report_to={json.dumps(INSTALLED)}", 'logging.run_name="r1"']
+    sets = [*FAST, "eval.every=2", "eval.limit=4", f'output_dir="{out}"', f"logging.report_to={json.dumps(INSTALLED)}",
+            'logging.run_name="r1"']
     env = {**os.environ, "WANDB_MODE": "offline", "TRACKIO_DIR": str(trackio_dir), "WANDB_SILENT": "true"}
     proc = subprocess.run([sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",
                            *[x for s in sets for x in ("--set", s)]], cwd=ROOT, env=env, capture_output=True,
@@ -55,7 +57,25 @@ def reported(tmp_path_factory):
 
 
 def _numbers(row: dict) -> dict:
-    return {k: v for k, v in row.items() if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+    """A metrics.jsonl row's numbers under the names trackers show: as transformers' rewrite_logs
+    names TRL's, train/<key>, and eval/<key> (which our eval metrics already are)."""
+    return {(k if k.startswith("eval/") else f"train/{k}"): v for k, v in row.items()
+            if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
+
+
+def test_trackers_get_training_metrics_under_train_and_eval_metrics_under_eval():
+    class Fake:
+        def log(self, step, metrics):
+            self.logged = (step, metrics)
+
+    trackers = Trackers(load_config(None, []))  # report_to is empty: no tracker opens
+    trackers.open = [fake := Fake()]
+    trackers.log({"step": 4, "reward": 0.5, "loss": -0.25, "rewards/xml_format/mean": 0.125, "kl": 0.0,
+                  "eval/accuracy": 0.75, "eval/rewards/xml_format/mean": 0.5, "zero_signal_skipped": 1.0,
+                  "note": "text", "flag": True})
+    assert fake.logged == (4, {"train/reward": 0.5, "train/loss": -0.25, "train/rewards/xml_format/mean": 0.125,
+                               "train/kl": 0.0, "eval/accuracy": 0.75, "eval/rewards/xml_format/mean": 0.5,
+                               "train/zero_signal_skipped": 1.0})
 
 
 def test_report_to_takes_only_known_tracker_names():
@@ -97,6 +117,8 @@ def test_tensorboard_event_files_hold_the_metrics_config_and_samples(reported):
     board.Reload()
     rows = read_metrics(out)
     assert set(board.Tags()["scalars"]) == {k for r in rows for k in _numbers(r)}
+    assert {"train/reward", "train/loss", "eval/reward", "eval/accuracy"} <= set(board.Tags()["scalars"])
+    assert not any(tag.startswith("train/eval/") or "/" not in tag for tag in board.Tags()["scalars"])
     for row in rows:
         for key, value in _numbers(row).items():
             (event,) = [e for e in board.Scalars(key) if e.step == row["step"]]

@@ -47,3 +47,11 @@ def add_sampling_args(parser, max_tokens=256):
     parser.add_argument("--seed", type=seed_number, default=0, help="the sampling seed (default 0)")
     parser.add_argument("--system", default=None, metavar="TEXT",
                         help="system prompt (default: the run's data.system_prompt, none for other models)")
+
+
+def add_progress_arg(parser):
+    """--no-progress, for the commands that draw a progress bar (none is drawn where stdout or
+    stderr is not a terminal, nor with TQDM_DISABLE=1: run/console.py's show_bar)."""
+    parser.add_argument("--no-progress", dest="progress", action="store_false",
+                        help="print no progress bar, only the lines (as when the output is not a terminal, "
+                             "or TQDM_DISABLE=1)")

@@ -40,6 +40,8 @@ from mlx_grpo.data.load import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.rollout.sample import generate_completions
+from mlx_grpo.run.blas import warn_if_slow
+from mlx_grpo.run.console import say
 from mlx_grpo.update.batches import make_micro_batches, prepare_batches
 from mlx_grpo.update.grad import make_grad_fn
 from mlx_grpo.update.step import COMPILE_STEP, run_updates
@@ -275,6 +277,7 @@ def main(args) -> dict:
     cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
     if args.prompt_tokens < 0:
         raise ConfigError(f"--prompt-tokens must be >= 0, got {args.prompt_tokens}")
+    warn_if_slow(say)  # Linux without OpenBLAS: steps then take about 4x as long as with it
     report = run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens)
     print(format_report(report))
     if args.json_path:

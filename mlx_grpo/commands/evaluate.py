@@ -27,7 +27,7 @@ import mlx.core as mx
 import numpy as np
 from tqdm import tqdm
 
-from mlx_grpo.commands.args import add_model_args, number_at_least, seed_number
+from mlx_grpo.commands.args import add_model_args, add_progress_arg, number_at_least, seed_number
 from mlx_grpo.errors import UserError
 from mlx_grpo.data.load import load_examples
 from mlx_grpo.rewards import (
@@ -35,7 +35,7 @@ from mlx_grpo.rewards import (
     rouge_scorer,
 )
 from mlx_grpo.rng import capture_rng, restore_rng
-from mlx_grpo.run.console import cap_width
+from mlx_grpo.run.console import cap_width, show_bar
 from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
@@ -137,7 +137,8 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
     model.eval()
     k = settings.num_samples
     total = len(examples) * (2 if k > 1 else 1)
-    with cap_width(tqdm(total=total, desc="eval", unit="prompt", disable=not progress, dynamic_ncols=True)) as bar:
+    bar = tqdm(total=total, desc="eval", unit="prompt", disable=not show_bar(progress), dynamic_ncols=True)
+    with cap_width(bar):
         greedy = [t[0] for t in _decode(model, tokenizer, examples, 1, make_rollout_sampler(0.0, 1.0, 0, 0.0),
                                         settings, bar)]
         sampled = None
@@ -254,6 +255,7 @@ def add_arguments(parser):
                         help="results JSON (default: <run>/eval_<split>_<checkpoint>.json for a run, else "
                         "runs/eval/<model>_<split>.json; an existing default file gets a numbered name)")
     parser.add_argument("--overwrite", action="store_true", help="replace an existing results file")
+    add_progress_arg(parser)
 
 
 def main(args) -> dict:
@@ -276,7 +278,7 @@ def main(args) -> dict:
     reward_set = make_rewards(cfg, args.config, group_size=1)
     examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
     mx.random.seed(cfg.seed if args.seed is None else args.seed)
-    result = evaluate(model, tokenizer, examples, reward_set, settings)
+    result = evaluate(model, tokenizer, examples, reward_set, settings, progress=args.progress)
     result = {"model": model_name, "adapter": args.adapter, "split": split,
               "num_samples": settings.num_samples, "max_new_tokens": settings.max_new_tokens, **result}
     out.parent.mkdir(parents=True, exist_ok=True)

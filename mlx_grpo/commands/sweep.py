@@ -16,6 +16,7 @@ import re
 import sys
 import time
 
+from mlx_grpo.commands.args import add_progress_arg
 from mlx_grpo.commands.report import ReportError, fmt_cell, run_summary, write_report
 from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.run.log import read_metrics
@@ -93,10 +94,11 @@ def plan(config: str, vary: list[str], *, steps: int | None = None, grid: bool =
 
 
 def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: bool = False,
-              overrides: list[str] = (), overwrite: bool = False) -> list[dict]:
+              overrides: list[str] = (), overwrite: bool = False, progress: bool = True) -> list[dict]:
     """Train every variant in turn; returns one result row per variant (see `results_table`).
 
-    A variant folder that holds an earlier run stops the sweep unless `overwrite`."""
+    A variant folder that holds an earlier run stops the sweep unless `overwrite`; `progress`
+    False draws no progress bar."""
     from mlx_grpo.commands.train import train
 
     root, planned = plan(config, vary, steps=steps, grid=grid, overrides=overrides)
@@ -105,7 +107,7 @@ def run_sweep(config: str, vary: list[str], *, steps: int | None = None, grid: b
     for i, (variant, cfg) in enumerate(planned, 1):
         print(f"mlx-grpo sweep: run {i}/{len(planned)}: {variant.name}")
         tic = time.perf_counter()
-        train(cfg, config_path=config, overwrite=overwrite)
+        train(cfg, config_path=config, overwrite=overwrite, progress=progress)
         wall = time.perf_counter() - tic
         results.append({"name": variant.name, "dir": cfg.output_dir, "wall_time_s": wall,
                         **run_summary(read_metrics(cfg.output_dir))})
@@ -141,11 +143,12 @@ def add_arguments(parser):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="override a config key in every run (repeatable)")
     parser.add_argument("--overwrite", action="store_true", help="replace runs of an earlier sweep")
+    add_progress_arg(parser)
 
 
 def main(args):
     results = run_sweep(args.config, args.vary, steps=args.steps, grid=args.grid, overrides=args.overrides,
-                        overwrite=args.overwrite)
+                        overwrite=args.overwrite, progress=args.progress)
     print(results_table(results))
     try:
         print(f"mlx-grpo sweep: wrote {write_report([r['dir'] for r in results])}")

@@ -21,6 +21,7 @@ from mlx.utils import tree_flatten
 
 from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.algorithm.zero_signal import zero_signal
+from mlx_grpo.commands.args import add_progress_arg
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.plan import memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
@@ -34,6 +35,7 @@ from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
+from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, CONFIG, DAMAGED_SUFFIX, METRICS, checkpoint_dir
 from mlx_grpo.run.console import Console, say, width
@@ -51,12 +53,13 @@ from mlx_grpo.update.step import optimize
 
 
 def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False,
-          reward_set: RewardSet | None = None, rows: list[dict] | None = None) -> Path:
+          reward_set: RewardSet | None = None, rows: list[dict] | None = None, progress: bool = True) -> Path:
     """Run GRPO as configured; returns the final checkpoint folder.
 
     With cfg.checkpoint.resume the run continues from the newest checkpoint in output_dir;
     `overwrite` replaces a run found there, `force` resumes despite config differences.
     `reward_set` and `rows` (the Python API's) replace cfg.rewards and the training split.
+    `progress` False draws no progress bar (none is drawn either where the output is not a terminal).
     Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
     it samples its share of each step's prompts and only rank 0 writes anything.
     """
@@ -65,19 +68,20 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     try:
         # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
         with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
-            return _train(cfg, config_path, world, overwrite, force, reward_set, rows)
+            return _train(cfg, config_path, world, overwrite, force, reward_set, rows, progress)
     except RuntimeError as e:  # another rank stopped: one line here, its own reason is in its output
         if (lost := lost_rank(e, world)) is None:
             raise
         raise lost from e
 
 
-def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows) -> Path:
+def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows, progress: bool) -> Path:
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     reward_set = reward_set or make_rewards(cfg, config_path)
     if world.is_main:
         check_installed(cfg.logging.report_to)  # before any model loads
+        warn_if_slow(say)  # Linux without OpenBLAS: one line
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo
@@ -96,7 +100,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
     stop = StopRequest(can_abandon=world.size == 1)
-    console = Console(first, t.max_steps, enabled=world.is_main)  # the bar, and the lines above it
+    console = Console(first, t.max_steps, enabled=world.is_main, progress=progress)  # the bar, the lines above it
     draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world, console.sampling)
     for step in stop.watch(console):
         tic = time.perf_counter()
@@ -321,6 +325,7 @@ def add_arguments(parser):
                         help="train even when `mlx-grpo plan` predicts the profile does not fit in memory")
     parser.add_argument("--memory-gb", type=float, default=None, metavar="N",
                         help="check the memory plan against N GB instead of this device's memory")
+    add_progress_arg(parser)
 
 
 def check_memory(cfg, memory_gb: float | None) -> None:
@@ -341,7 +346,7 @@ def main(args) -> int:
     if not args.ignore_memory:
         check_memory(cfg, args.memory_gb)
     try:
-        train(cfg, config_path=args.config, overwrite=args.overwrite, force=args.force)
+        train(cfg, config_path=args.config, overwrite=args.overwrite, force=args.force, progress=args.progress)
     except RunStopped as e:
         again = " ".join(["mlx-grpo train --config", shlex.quote(args.config),
                           *(f"--set {shlex.quote(o)}" for o in args.overrides), "--resume"])

@@ -8,10 +8,15 @@ warnings are sent the same way while the bar is live. No line, the bar included,
 WIDTH columns, so no terminal wraps one under the bar's carriage returns. Inside a step that
 takes longer than PROGRESS_AFTER seconds, the bar's postfix shows how far it is: tokens
 sampled, then micro-batches updated.
+
+The bar is drawn only on a terminal (show_bar): where stdout or stderr is a pipe or a file (tee,
+a log file, a rank under `mlx-grpo launch`) its carriage-return redraws would land in the text,
+so there the lines alone are printed. `--no-progress` and TQDM_DISABLE=1 turn it off anywhere.
 """
 
 from contextlib import ExitStack, contextmanager
 import logging
+import math
 import os
 import sys
 import textwrap
@@ -85,34 +90,54 @@ def width() -> int:
         return WIDTH
 
 
-def say(text: str) -> None:
-    """Print `text` above any live bar, its lines kept within width(), and flush stdout."""
+def say(text: str, file=None) -> None:
+    """Print `text` above any live bar, its lines kept within width(), and flush (stdout, or `file`)."""
+    file = file or sys.stdout
     for line in wrap(text, width()):
-        tqdm.write(line, file=sys.stdout)
-    sys.stdout.flush()
+        tqdm.write(line, file=file)
+    file.flush()
+
+
+def on_terminal() -> bool:
+    """Whether stdout and stderr both go to a terminal; the bar (on stderr) and the lines (on
+    stdout) meet on the screen only then."""
+    try:
+        return sys.stdout.isatty() and sys.stderr.isatty()
+    except (AttributeError, ValueError):  # a stream without isatty, or a closed one
+        return False
+
+
+def show_bar(wanted: bool = True) -> bool:
+    """Whether to draw a progress bar: on a terminal, unless `wanted` is False (--no-progress)
+    or TQDM_DISABLE is set to anything but "", "0" or "false" (tqdm reads it only for the bars
+    that do not pass `disable` themselves, as ours do)."""
+    disabled = os.environ.get("TQDM_DISABLE", "").strip().lower() not in ("", "0", "false")
+    return wanted and not disabled and on_terminal()
 
 
 class Console:
     """The bar over steps first..total and the lines printed above it; a disabled console (ranks
-    other than 0) prints nothing."""
+    other than 0) prints nothing. `progress` False (--no-progress) prints the lines alone, as
+    does a console whose output is not a terminal (show_bar)."""
 
-    def __init__(self, first: int, total: int, enabled: bool = True):
+    def __init__(self, first: int, total: int, enabled: bool = True, progress: bool = True):
+        self.has_bar = enabled and show_bar(progress)
         self.bar = cap_width(tqdm(range(first, total + 1), desc="grpo", dynamic_ncols=True,
-                                  initial=first - 1, total=total, disable=not enabled))
+                                  initial=first - 1, total=total, disable=not self.has_bar))
         self.enabled = enabled
-        self._step, self._started, self._drawn = 0, 0.0, 0.0
+        self._step, self._started, self._drawn_at, self._phase = 0, 0.0, -math.inf, ""
         self._exits = ExitStack()
 
     def __iter__(self):
         """The steps, with library logging and warnings printed above the bar meanwhile."""
         with self._exits:
-            if self.enabled:
+            if self.has_bar:
                 # transformers' logger has its own handler and does not pass records up to the root's.
                 loggers = [logging.getLogger(), logging.getLogger("transformers")]
                 self._exits.enter_context(logging_redirect_tqdm(loggers))
                 self._exits.enter_context(_warnings_through_tqdm())
             for step in self.bar:
-                self._step, self._started, self._drawn = step, time.monotonic(), 0.0
+                self._step, self._started, self._drawn_at, self._phase = step, time.monotonic(), -math.inf, ""
                 yield step
 
     def print(self, text: str) -> None:
@@ -127,21 +152,29 @@ class Console:
 
     def sampling(self, tokens: int, finished: int, sequences: int) -> None:
         """Inner progress of the rollout: tokens sampled so far, sequences finished."""
-        self._inner(f"sampling {tokens:,} tokens, {finished}/{sequences} done")
+        self._inner("sampling", f"sampling {tokens:,} tokens, {finished}/{sequences} done",
+                    last=finished == sequences)
 
     def updating(self, done: int, total: int) -> None:
         """Inner progress of the update: micro-batches through forward and backward."""
-        self._inner(f"update {done}/{total} micro-batches")
+        self._inner("update", f"update {done}/{total} micro-batches", last=done == total)
 
     def evaluating(self) -> None:
-        self._inner("evaluating", force=True)
+        self._inner("evaluating", "evaluating", force=True)
 
-    def _inner(self, text: str, force: bool = False) -> None:
-        now = time.monotonic()
-        if not self.enabled or (not force and (now - self._started < PROGRESS_AFTER
-                                               or now - self._drawn < PROGRESS_EVERY)):
+    def _inner(self, phase: str, text: str, last: bool = False, force: bool = False) -> None:
+        """Redraw the inner progress at most every PROGRESS_EVERY seconds, from PROGRESS_AFTER
+        seconds into the step; but once this step shows some, a phase's first and last counts
+        are drawn at once: a skipped one would leave the bar showing "sampling 60/128" through
+        the whole of an update whose first micro-batch takes many seconds."""
+        if not self.has_bar:
             return
-        self._drawn = now
+        now = time.monotonic()
+        shown = bool(self._phase)  # this step's inner progress is on the bar
+        due = now - self._started >= PROGRESS_AFTER and now - self._drawn_at >= PROGRESS_EVERY
+        if not (force or due or (shown and (last or phase != self._phase))):
+            return
+        self._drawn_at, self._phase = now, phase
         self.bar.set_postfix_str(f"step {self._step}: {text}")
 
     def close(self) -> None:

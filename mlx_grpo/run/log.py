@@ -6,6 +6,8 @@ import math
 import os
 from pathlib import Path
 
+from tqdm.utils import disp_len
+
 from mlx_grpo.run.console import WIDTH, fit, pack
 from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS
 
@@ -147,10 +149,35 @@ def format_eval(m: dict, width: int = WIDTH) -> list[str]:
 
 
 def format_sample(question: str, completion: str, reward: float, width: int = WIDTH) -> list[str]:
-    """A sample's two console lines, its prompt and completion, each cut to `width` columns
-    (completions.jsonl keeps them whole)."""
+    """A sample's two console lines, its prompt and completion, each within `width` columns
+    (completions.jsonl keeps them whole). A completion too long for its line shows its start and
+    its end, `'<reasoning>\\n9 - 5' ... '<answer>\\n4\\n</answer>'`: the end is what the rewards
+    read, so it gets the larger share of the line."""
     lead = f"--- completion (reward {reward:.3f}): "
-    return [fit(f"--- prompt: {question!r}", width), fit(lead + repr(completion), width)]
+    room = width - disp_len(lead)
+    shown = lead + _ends(completion, room) if room >= 20 else fit(lead + repr(completion), width)
+    return [fit(f"--- prompt: {question!r}", width), shown]
+
+
+def _ends(text: str, width: int) -> str:
+    """repr(text) if it fits in `width` columns, else the reprs of its start and its end joined
+    by " ... ", together at most `width` columns."""
+    if disp_len(repr(text)) <= width:
+        return repr(text)
+    room = width - len(" ... ")
+    tail = _piece(text, room * 3 // 5, from_end=True)
+    head = _piece(text, room - disp_len(repr(tail)), from_end=False)
+    return f"{head!r} ... {tail!r}"
+
+
+def _piece(text: str, width: int, from_end: bool) -> str:
+    """The longest start (or end) of `text` whose repr fits in `width` columns. A character
+    takes at least one column, so no piece is longer than `width` characters."""
+    for n in range(min(len(text), width), 0, -1):
+        piece = text[-n:] if from_end else text[:n]
+        if disp_len(repr(piece)) <= width:
+            return piece
+    return ""
 
 
 def _window(rows: list[dict], key: str) -> tuple[float, float, int] | None:

@@ -1,6 +1,7 @@
 """Experiment trackers, as TRL's `report_to`: `logging.report_to` names any of TensorBoard,
-Weights & Biases and Trackio, and each gets what metrics.jsonl gets (every step's row), the
-resolved config at the start, and the logged sample completions (those of completions.jsonl).
+Weights & Biases and Trackio, and each gets what metrics.jsonl gets (every step's row) under
+TRL's names (train/reward, train/loss; eval/* as they are), the resolved config at the start,
+and the logged sample completions (those of completions.jsonl).
 
 Each tracker is an optional extra (`uv sync --extra NAME`); one that is named but not installed
 stops the run before any model loads, with the line that installs it. Where each writes:
@@ -56,9 +57,17 @@ def check_installed(report_to: list[str]) -> None:
         raise TrackerError(f"logging.report_to names {names}, which are not installed: `uv sync {extras}` installs them")
 
 
+def tracker_name(key: str) -> str:
+    """A metrics.jsonl key as TRL users find it in a tracker: transformers' rewrite_logs puts
+    training metrics under train/ (train/reward, train/loss) and eval metrics under eval/, which
+    ours already carry (eval/accuracy stays eval/accuracy)."""
+    return key if key.startswith("eval/") else f"train/{key}"
+
+
 def _scalars(metrics: dict) -> dict[str, float]:
-    """The numbers of a metrics row, without its step (each tracker takes the step apart)."""
-    return {k: float(v) for k, v in metrics.items()
+    """The numbers of a metrics row under their tracker names, without its step (each tracker
+    takes the step apart)."""
+    return {tracker_name(k): float(v) for k, v in metrics.items()
             if k != "step" and isinstance(v, (int, float)) and not isinstance(v, bool)}
 
 
@@ -94,10 +103,10 @@ class TensorBoard:
                              tensor_shape=TensorShapeProto(dim=[TensorShapeProto.Dim(size=1)]))
         self._event(step, [Summary.Value(tag=tag, metadata=meta, tensor=tensor)])
 
-    def log(self, step: int, metrics: dict) -> None:
+    def log(self, step: int, scalars: dict[str, float]) -> None:
         from tensorboard.compat.proto.summary_pb2 import Summary
 
-        self._event(step, [Summary.Value(tag=k, simple_value=v) for k, v in _scalars(metrics).items()])
+        self._event(step, [Summary.Value(tag=k, simple_value=v) for k, v in scalars.items()])
         self.writer.flush()  # a killed run keeps every step it logged
 
     def samples(self, step: int, rows: list[dict]) -> None:
@@ -122,8 +131,8 @@ class WandB:
         self.where = f"wandb run {self.run.name} in project {project}" + (
             f" (offline, in {Path(self.run.dir).parent})" if self.run.settings.mode == "offline" else f": {self.run.url}")
 
-    def log(self, step: int, metrics: dict) -> None:
-        self.run.log(_scalars(metrics), step=step)
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self.run.log(scalars, step=step)
 
     def samples(self, step: int, rows: list[dict]) -> None:
         table = self.wandb.Table(columns=SAMPLE_COLUMNS, data=[[r[c] for c in SAMPLE_COLUMNS] for r in rows])
@@ -142,8 +151,8 @@ class Trackio:
             self.run = self.trackio.init(project=project, name=run_name, config=config, embed=False)
         self.where = f"trackio run {run_name} in project {project} (trackio show --project {project})"
 
-    def log(self, step: int, metrics: dict) -> None:
-        self.run.log({k: v for k, v in _scalars(metrics).items() if math.isfinite(v)}, step=step)
+    def log(self, step: int, scalars: dict[str, float]) -> None:
+        self.run.log({k: v for k, v in scalars.items() if math.isfinite(v)}, step=step)
 
     def samples(self, step: int, rows: list[dict]) -> None:
         table = self.trackio.Table(columns=SAMPLE_COLUMNS, data=[[r[c] for c in SAMPLE_COLUMNS] for r in rows])
@@ -178,8 +187,10 @@ class Trackers:
             say(f"mlx-grpo: reporting to {self.open[-1].where}")
 
     def log(self, metrics: dict) -> None:
+        """A metrics.jsonl row: its numbers, under their tracker names, at its step."""
+        scalars = _scalars(metrics)
         for tracker in self.open:
-            tracker.log(metrics["step"], metrics)
+            tracker.log(metrics["step"], scalars)
 
     def samples(self, step: int, rows: list[dict]) -> None:
         if rows:

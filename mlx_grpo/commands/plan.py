@@ -6,6 +6,7 @@ check (`check_fits`) before it loads anything.
 
 import json
 import os
+import sys
 from pathlib import Path
 
 from mlx_grpo.config import load_config
@@ -88,6 +89,15 @@ def check_fits(cfg, memory_gb: float | None = None) -> dict:
             f"predicted peak memory {result['peak_gb']:.2f} GB > {result['device_gb']:.2f} GB on this device; "
             f"{hint}; --ignore-memory trains anyway")
     return result
+
+
+def check_memory(cfg, memory_gb: float | None) -> None:
+    """Refuse, before any weight loads, a profile whose predicted peak memory exceeds the device's;
+    a model whose shapes cannot be read without a download is not checked."""
+    try:
+        check_fits(cfg, memory_gb)
+    except PlanUnavailable as e:
+        print(f"mlx-grpo: memory not checked: {e}", file=sys.stderr)
 
 
 def worst_case_wanted(cfg) -> bool:

@@ -23,9 +23,9 @@ from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
 from mlx_grpo.algorithm.zero_signal import zero_signal
 from mlx_grpo.commands.args import add_progress_arg
 from mlx_grpo.commands.evaluate import make_training_eval
-from mlx_grpo.commands.plan import memory_first
+from mlx_grpo.commands.plan import check_memory, memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
-from mlx_grpo.config import load_config, save_config
+from mlx_grpo.config import load_config
 from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import (
     allreduce_bytes, check_world, init_world, local_share, lost_rank, sampling_seed,
@@ -37,17 +37,14 @@ from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.checkpoint import save_checkpoint
-from mlx_grpo.run.layout import COMPLETIONS, CONFIG, DAMAGED_SUFFIX, METRICS, checkpoint_dir
-from mlx_grpo.run.console import Console, say, width
+from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS, checkpoint_dir
+from mlx_grpo.run.console import Console, say
 from mlx_grpo.run.lock import lock_run_folder
-from mlx_grpo.run.log import (
-    CompletionLog, MetricsLog, format_eval, format_sample, format_step, format_summary, read_metrics, truncate_jsonl,
-)
+from mlx_grpo.run.log import truncate_jsonl
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
 from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest
-from mlx_grpo.run.trackers import Trackers, check_installed
-from mlx_grpo.run.watch import RunWatcher
-from mlx_grpo.run.tripwires import Tripwires
+from mlx_grpo.run.step_log import StepLog
+from mlx_grpo.run.trackers import check_installed
 from mlx_grpo.update.movement import MovementCheck
 from mlx_grpo.update.step import optimize
 
@@ -262,53 +259,6 @@ def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int,
     return bad_steps
 
 
-class StepLog:
-    """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console,
-    the live warnings and the tripwires."""
-
-    def __init__(self, cfg, fresh: bool):
-        out = self.out = Path(cfg.output_dir)
-        self.started = time.perf_counter()
-        out.mkdir(parents=True, exist_ok=True)
-        save_config(cfg, out / CONFIG)
-        self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
-        self.watchers = (RunWatcher.from_config(cfg.logging), Tripwires.from_config(cfg.logging))
-        self.trackers = Trackers(cfg, say)  # logging.report_to: each gets what metrics.jsonl gets
-        self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
-
-    def write(self, metrics: dict, drawn, console: Console, trained: bool) -> None:
-        """The step's row and samples on file; on the console its line (every log_every steps),
-        then its eval line, then any warnings."""
-        self.metrics.write(metrics)
-        self.trackers.log(metrics)
-        console.done(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
-        step = metrics["step"]
-        if step % self.every == 0 and trained:
-            console.print("\n".join(format_step(metrics, width())))
-            for i in range(min(self.completions, len(drawn.rollout.texts))):
-                sample = format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i], width())
-                console.print("\n".join(sample))
-            rows = self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
-                                      self.completions)
-            self.trackers.samples(step, rows)
-        if any(key.startswith("eval/") for key in metrics):
-            console.print("\n".join(format_eval(metrics, width())))
-        for watcher in self.watchers:
-            for warning in watcher.update(metrics):
-                console.print(warning)
-
-    def finish(self, ckpt, max_steps: int, stopped: bool = False) -> None:
-        """The end-of-run summary; after a clean stop too."""
-        self.trackers.close()
-        for watcher in self.watchers:
-            if watcher.summary():
-                say(watcher.summary())
-        warnings = sum(sum(w.counts.values()) for w in self.watchers)
-        for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
-                                   ckpt, warnings, stopped):
-            say(line)
-
-
 def add_arguments(parser):
     parser.add_argument("--config", required=True, help="TOML profile, e.g. configs/smoke_test.toml")
     parser.add_argument(
@@ -326,17 +276,6 @@ def add_arguments(parser):
     parser.add_argument("--memory-gb", type=float, default=None, metavar="N",
                         help="check the memory plan against N GB instead of this device's memory")
     add_progress_arg(parser)
-
-
-def check_memory(cfg, memory_gb: float | None) -> None:
-    """Refuse, before any weight loads, a profile whose predicted peak memory exceeds the device's
-    (commands/plan.py); a model whose shapes cannot be read without a download is not checked."""
-    from mlx_grpo.commands.plan import PlanUnavailable, check_fits
-
-    try:
-        check_fits(cfg, memory_gb)
-    except PlanUnavailable as e:
-        print(f"mlx-grpo: memory not checked: {e}", file=sys.stderr)
 
 
 def main(args) -> int:

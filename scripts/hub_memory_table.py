@@ -5,9 +5,9 @@
 
 The planner reads a model's config.json and safetensors headers. For the Qwen2.5 models the
 profiles name, this script writes both into a temporary folder: the config.json values the
-models publish (ARCHITECTURES below) and a safetensors file that is a header alone, listing
-the tensors mlx-lm's qwen2 model has for that config, in bfloat16 (so nothing is allocated:
-MLX builds the model lazily and only the shapes are read). Each profile is planned in
+models publish (ARCHITECTURES below) and a safetensors file whose header lists the tensors
+mlx-lm's qwen2 model has for that config, in bfloat16, and whose data is a sparse hole (nothing
+is allocated: MLX builds the model lazily and only the shapes are read). Each profile is planned in
 bfloat16, as `model.dtype = "auto"` loads it on a Mac, against three quarters of the Mac's
 memory (`--memory-gb` 12, 18, 24, 48), about what Metal's recommended working set is and
 what `plan` compares with there.
@@ -37,7 +37,7 @@ MACS = {16: 12, 24: 18, 32: 24, 64: 48}  # GB of memory: GB the plan may use (th
 
 
 def header_only_model(repo: str, folder: Path) -> Path:
-    """config.json and a header-only model.safetensors for `repo`'s architecture."""
+    """config.json and a model.safetensors for `repo`'s architecture whose data is a sparse hole."""
     from mlx.utils import tree_flatten
     from mlx_lm.models import qwen2
 
@@ -51,7 +51,9 @@ def header_only_model(repo: str, folder: Path) -> Path:
         header[name] = {"dtype": "BF16", "shape": list(value.shape), "data_offsets": [offset, offset + size]}
         offset += size
     blob = json.dumps(header).encode()
-    (folder / "model.safetensors").write_bytes(struct.pack("<Q", len(blob)) + blob)
+    with open(folder / "model.safetensors", "wb") as f:
+        f.write(struct.pack("<Q", len(blob)) + blob)
+        f.truncate(8 + len(blob) + offset)  # the data as a hole: the file is whole, no byte written
     return folder
 
 

@@ -280,3 +280,60 @@ def test_a_hub_model_with_a_hub_that_never_answers_is_one_line_naming_the_flag(t
     assert cli.main([*argv, "nobody/no-such-thing"]) == 2
     assert time.monotonic() - tic < 2 * TIMEOUT_S + 5
     _one_line_error(capsys, f"{flag}: cannot load 'nobody/no-such-thing' from the hub, which cannot be reached")
+
+
+# --- model folders the loader refuses, read by the memory planner first ------------------------
+
+def _damage(folder: Path, kind: str) -> None:
+    import json
+    import struct
+
+    config, weights = folder / "config.json", folder / "model.safetensors"
+    cfg = json.loads(config.read_text())
+    blob = weights.read_bytes()
+    (n,) = struct.unpack("<Q", blob[:8])
+    header = json.loads(blob[8:8 + n])
+    if kind == "truncated header":
+        weights.write_bytes(blob[:50])
+    elif kind == "truncated weights":
+        weights.write_bytes(blob[: len(blob) // 2])
+    elif kind == "header not JSON":
+        weights.write_bytes(blob[:8] + b"x" * n + blob[8 + n:])
+    elif kind == "garbage config":
+        config.write_text("{not json")
+    elif kind == "config not an object":
+        config.write_text("[1, 2]")
+    elif kind in ("absurd size", "missing key", "wrong type"):
+        if kind == "absurd size":
+            cfg["hidden_size"] = 10**12
+        elif kind == "missing key":
+            del cfg["num_hidden_layers"]
+        else:
+            cfg["num_attention_heads"] = "four"
+        config.write_text(json.dumps(cfg))
+    elif kind == "absurd shape":
+        name = next(k for k in header if k != "__metadata__")
+        header[name]["shape"] = [10**9, 10**9]
+        text = json.dumps(header).encode()
+        weights.write_bytes(struct.pack("<Q", len(text)) + text + blob[8 + n:])
+
+
+_DAMAGE = ["truncated header", "truncated weights", "header not JSON", "garbage config", "config not an object",
+           "absurd size", "missing key", "wrong type", "absurd shape"]
+
+
+@pytest.mark.parametrize("kind", _DAMAGE)
+def test_plan_and_train_refuse_a_damaged_model_folder_with_the_loaders_one_line(tmp_path, tiny_path, capsys, kind):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_path, folder)
+    _damage(folder, kind)
+    model = f'model.path="{folder}"'
+    assert cli.main(["plan", "--config", SMOKE, "--set", model]) == 2
+    planned = _one_line_error(capsys, f"model.path: {folder}")
+    assert _train(tmp_path, model) == 2  # the planner runs first
+    assert _one_line_error(capsys) == planned
+    run = f'output_dir="{tmp_path / "run"}"'
+    assert cli.main(["train", "--config", SMOKE, "--ignore-memory", "--set", model, "--set", run]) == 2
+    assert _one_line_error(capsys) == planned

@@ -4,6 +4,9 @@ device's memory, and, when it does not fit, single changes that would. `train` r
 check (`check_fits`) before it loads anything.
 """
 
+import contextlib
+from dataclasses import replace
+import io
 import json
 import os
 import sys
@@ -13,7 +16,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.planner.constants import GB
 from mlx_grpo.planner.predict import predict, suggestions
-from mlx_grpo.planner.shapes import PlanError, read_model_shape, run_shape
+from mlx_grpo.planner.shapes import read_model_shape, run_shape
 
 PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout copy", "rollout KV cache", "update activations",
           "logits", "rollout", "update")
@@ -58,24 +61,46 @@ def model_folder(path: str) -> Path:
                               f"({type(e).__name__}); download it first to plan its memory") from e
 
 
-def plan(cfg, memory_gb: float | None = None) -> dict:
-    """The prediction: bytes of every phase in GB, `peak_gb`, `device_gb`, `fits`, and
-    `suggestions` ([--set items, predicted peak GB], when it does not fit)."""
-    from mlx_grpo.models.load import resolve_dtype
+def longest_prompt(cfg, folder: Path) -> int | None:
+    """The longest training prompt, in tokens, that data.max_prompt_tokens lets through (longer
+    ones are skipped); None when the data cannot be read without a download."""
+    from mlx_lm.utils import load_tokenizer
+
+    from mlx_grpo.data.load import load_examples
 
     try:
-        shape = read_model_shape(model_folder(cfg.model.path))
-    except PlanError as e:
-        raise PlanUnavailable(str(e)) from e
+        tokenizer = load_tokenizer(folder)
+        with contextlib.redirect_stdout(io.StringIO()):  # "data: skipped N prompts ..." is train's to say
+            examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
+    except UserError as e:  # hub data that cannot be reached: the worst case stands alone
+        print(f"mlx-grpo: plan: no peak for the data itself ({e})", file=sys.stderr)
+        return None
+    return max(len(e.prompt_tokens) for e in examples)
+
+
+def plan(cfg, memory_gb: float | None = None, data: bool = False) -> dict:
+    """The prediction: bytes of every phase in GB, `peak_gb`, `device_gb`, `fits`, and
+    `suggestions` ([--set items, predicted peak GB], when it does not fit). With `data`, also
+    `data_peak_gb`: the peak at the training split's own longest prompt (`data_prompt_tokens`),
+    which a run on that data reaches when a completion runs to max_new_tokens."""
+    from mlx_grpo.models.load import check_model_folder, resolve_dtype
+
+    folder = model_folder(cfg.model.path)
+    check_model_folder(str(folder), tokenizer=False)  # a folder the loader refuses: its one line, here too
+    shape = read_model_shape(folder)
     run = run_shape(cfg, resolve_dtype(cfg.model.dtype))
     phases = predict(shape, run)
     device = memory_gb if memory_gb is not None else device_memory_gb()
     fits = phases["peak"] <= device * GB
-    return {
+    result = {
         "model": cfg.model.path, "phases_gb": {k: phases[k] / GB for k in PHASES},
         "peak_gb": phases["peak"] / GB, "device_gb": device, "fits": fits,
         "suggestions": [] if fits else [[s, p / GB] for s, p in suggestions(shape, run, device * GB)],
     }
+    if data and (longest := longest_prompt(cfg, folder)) is not None:
+        result["data_prompt_tokens"] = longest
+        result["data_peak_gb"] = predict(shape, replace(run, max_prompt=longest))["peak"] / GB
+    return result
 
 
 def check_fits(cfg, memory_gb: float | None = None) -> dict:
@@ -147,6 +172,9 @@ def format_plan(result: dict) -> list[str]:
         lines.append(f"  {name:<20} {gb:10.3f}")
     verdict = "fits" if result["fits"] else "does not fit"
     lines.append(f"  {'peak':<20} {result['peak_gb']:10.3f}   device {result['device_gb']:.2f} GB: {verdict}")
+    if "data_peak_gb" in result:
+        lines.append(f"  {'peak on this data':<20} {result['data_peak_gb']:10.3f}   its longest prompt, "
+                     f"{result['data_prompt_tokens']} tokens, with completions up to max_new_tokens")
     if not result["fits"]:
         if result["suggestions"]:
             lines.append("changes that fit, each alone (--set):")
@@ -167,7 +195,7 @@ def add_arguments(parser):
 
 def main(args) -> int:
     """Exit code 0 when the profile fits, 1 when it does not."""
-    result = plan(load_config(args.config, args.overrides), args.memory_gb)
+    result = plan(load_config(args.config, args.overrides), args.memory_gb, data=True)
     print("\n".join(format_plan(result)))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")

@@ -26,6 +26,7 @@ from mlx_grpo.algorithm.prefix import PrefixCache
 from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.models.builtin import builtin_model_path, cache_dir
 from mlx_grpo.errors import ModelError
+from mlx_grpo.planner.shapes import read_model_shape
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -82,10 +83,11 @@ _PICKLES = (".bin", ".pt", ".pth", ".ckpt", ".pkl")
 _TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "tokenizer.model", "vocab.json")
 
 
-def check_model_folder(path: str) -> None:
+def check_model_folder(path: str, tokenizer: bool = True) -> None:
     """A local model folder must hold config.json, safetensors weights and a tokenizer.
 
-    Weights are read from safetensors only (as mlx-lm does): pickle files can run code.
+    Weights are read from safetensors only (as mlx-lm does): pickle files can run code. A damaged
+    config.json or safetensors header is one line here, the same the memory planner gives.
     A path that is not a folder is left to the hub (mlx-lm downloads safetensors only).
     """
     folder = Path(path).expanduser()
@@ -102,8 +104,9 @@ def check_model_folder(path: str) -> None:
         found = f" (found {', '.join(pickles)}: pickle weights are never loaded)" if pickles else ""
         raise ModelError(f"model.path: {path} has no model*.safetensors weights{found}; "
                          "convert the model to safetensors first")
-    if not any((folder / name).is_file() for name in _TOKENIZER_FILES):
+    if tokenizer and not any((folder / name).is_file() for name in _TOKENIZER_FILES):
         raise ModelError(f"model.path: {path} has no tokenizer (expected one of {', '.join(_TOKENIZER_FILES)})")
+    read_model_shape(folder)  # config.json's sizes and every safetensors header: the planner's own checks
 
 
 def hub_or_cache(repo: str, setting: str = "model.path") -> str:

@@ -13,11 +13,18 @@ from mlx_grpo.errors import ModelError
 
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
-               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1}
+               "U16": 2, "I8": 1, "U8": 1, "BOOL": 1, "U64": 8}
 FLOAT_BYTES = {"float32": 4, "float16": 2, "bfloat16": 2}
+# config.json sizes a loader can build: positive integers up to these bounds (no model people
+# train comes near them; mlx's int32 indices end at 2**31). Optional ones may be absent.
+SIZES = {"num_hidden_layers": 4096, "hidden_size": 1 << 17, "num_attention_heads": 4096, "vocab_size": 1 << 23}
+OPTIONAL_SIZES = {"num_key_value_heads": 4096, "head_dim": 1 << 14, "intermediate_size": 1 << 20}
+MAX_HEADER = 100_000_000  # safetensors' own limit on the JSON header
+
 
 class PlanError(ModelError):
-    """A model folder whose config.json or safetensors headers cannot be read as a model's."""
+    """A model folder whose config.json or safetensors headers cannot be read as a model's: the same
+    one line whether the planner or the loader (models/load.check_model_folder) meets it."""
 
 
 @dataclass
@@ -45,33 +52,86 @@ class ModelShape:
     quant_group: int = 64
 
 
-def read_header(path: Path) -> dict[str, Tensor]:
-    """The tensors of one safetensors file: an 8-byte little-endian length, then a JSON header."""
+def _size(value) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool) and value >= 0
+
+
+def read_header(path: Path, setting: str = "model.path") -> dict[str, Tensor]:
+    """The tensors of one safetensors file (an 8-byte little-endian length, then a JSON header),
+    each checked against the file: a known dtype, a shape of sizes, and bytes that are there."""
+    path = Path(path)
+    damaged = lambda why: PlanError(f"{setting}: {path} is damaged or not safetensors: {why}")  # noqa: E731
+    size = path.stat().st_size
     with open(path, "rb") as f:
+        if size < 8:
+            raise damaged(f"{size} bytes, shorter than a header")
         (n,) = struct.unpack("<Q", f.read(8))
-        header = json.loads(f.read(n))
-    return {k: Tensor(v["dtype"], tuple(v["shape"])) for k, v in header.items() if k != "__metadata__"}
+        if n > min(MAX_HEADER, size - 8):
+            raise damaged(f"its header claims {n:,} bytes, the file holds {size - 8:,} after the length")
+        try:
+            header = json.loads(f.read(n))
+        except (UnicodeDecodeError, ValueError) as e:
+            raise damaged(f"its header is not JSON ({' '.join(str(e).split())[:100]})") from None
+    if not isinstance(header, dict):
+        raise damaged("its header is not a JSON object")
+    data = size - 8 - n
+    tensors = {}
+    for name, v in header.items():
+        if name == "__metadata__":
+            continue
+        ok = isinstance(v, dict) and v.get("dtype") in DTYPE_BYTES and isinstance(v.get("shape"), list) \
+            and all(map(_size, v["shape"])) and isinstance(v.get("data_offsets"), list) \
+            and len(v["data_offsets"]) == 2 and all(map(_size, v["data_offsets"]))
+        if not ok:
+            raise damaged(f"tensor {name!r} has no dtype, shape and data_offsets of the right kinds")
+        t, (start, end) = Tensor(v["dtype"], tuple(v["shape"])), v["data_offsets"]
+        if end - start != t.size * DTYPE_BYTES[t.dtype] or end > data:
+            raise damaged(f"tensor {name!r} {list(t.shape)} {t.dtype} needs bytes {start:,}-{end:,}"
+                          f"{'' if end <= data else f' of {data:,}'} (truncated, or a shape the data does not hold)")
+        tensors[name] = t
+    return tensors
 
 
-def read_model_shape(folder) -> ModelShape:
-    """config.json and every model*.safetensors header of a local model folder."""
-    folder = Path(folder)
+def read_config(folder, setting: str = "model.path") -> dict:
+    """config.json of a model folder (its text_config merged in, for vision-language models),
+    with the sizes the planner and the loader need checked."""
+    path = Path(folder) / "config.json"
     try:
-        cfg = json.loads((folder / "config.json").read_text())
-    except (OSError, ValueError) as e:
-        raise PlanError(f"model.path: cannot read {folder / 'config.json'} ({e})") from e
-    cfg = {**cfg.get("text_config", {}), **cfg}
+        cfg = json.loads(path.read_text(encoding="utf-8"))
+    except OSError as e:
+        raise PlanError(f"{setting}: cannot read {path} ({e.strerror})") from e
+    except (UnicodeDecodeError, ValueError) as e:
+        raise PlanError(f"{setting}: {path} is not valid JSON ({' '.join(str(e).split())[:100]})") from e
+    if not isinstance(cfg, dict):
+        raise PlanError(f"{setting}: {path} must hold a JSON object, got {type(cfg).__name__}")
+    text = cfg.get("text_config")
+    cfg = {**(text if isinstance(text, dict) else {}), **cfg}
+    for key, most in {**SIZES, **OPTIONAL_SIZES}.items():
+        if key not in cfg or (key in OPTIONAL_SIZES and cfg[key] is None):
+            if key in SIZES:
+                raise PlanError(f"{setting}: {path} has no {key!r}")
+            continue
+        value = cfg[key]
+        if not (_size(value) and 1 <= value <= most):
+            raise PlanError(f"{setting}: {path}: {key} must be an integer in [1, {most:,}], got {value!r:.40}")
+    return cfg
+
+
+def read_model_shape(folder, setting: str = "model.path") -> ModelShape:
+    """config.json and every model*.safetensors header of a local model folder, checked."""
+    folder = Path(folder)
+    cfg = read_config(folder, setting)
     files = sorted(folder.glob("model*.safetensors"))
     if not files:
-        raise PlanError(f"model.path: {folder} has no model*.safetensors to read the shapes from")
+        raise PlanError(f"{setting}: {folder} has no model*.safetensors to read the shapes from")
     tensors = {}
     for f in files:
-        tensors.update(read_header(f))
+        tensors.update(read_header(f, setting))
     heads = cfg["num_attention_heads"]
-    q = cfg.get("quantization") or {}
+    q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else {}
     return ModelShape(
         layers=cfg["num_hidden_layers"], hidden=cfg["hidden_size"], heads=heads,
-        kv_heads=cfg.get("num_key_value_heads", heads),
+        kv_heads=cfg.get("num_key_value_heads") or heads,
         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
         tensors=tensors, quant_bits=q.get("bits", 0), quant_group=q.get("group_size", 64),
     )

@@ -36,18 +36,28 @@ def test_token_truncate_weights_by_hand():
 
 
 def test_sequence_mask_weights_by_hand():
-    # a third row d = [-ln 2, -ln 2, 0]. Sequence ratios exp(sum d): 8, 4, 1/4.
+    """TRL's sequence_mask: rho = exp(sum_t d), kept as the weight where clip_min <= rho <= clip_max,
+    0 where rho < clip_min or rho > clip_max (grpo_trainer.py masks the ratio, it does not binarize it)."""
+    # a third row d = [-ln 2, -ln 2, 0]. Sequence sums of d: 3 ln 2, 2 ln 2, -2 ln 2; rho = 8, 4, 1/4.
     d = mx.array(D + [[-LN2, -LN2, 0.0]])
     mask = mx.concatenate([MASK, mx.array([[1.0, 1.0, 1.0]])])
     trainer = mx.zeros((3, 3))
-    # band [0.5, 5]: 8 is above it, 1/4 below, 4 inside
+    # band [0.5, 5]: 8 > 5 -> 0; 0.5 <= 4 <= 5 -> 4; 1/4 < 0.5 -> 0
     w, m = importance_weights(trainer, trainer - d, mask, "sequence_mask", cap=5.0, floor=0.5)
     assert w.shape == (3, 1)
-    assert w.reshape(-1).tolist() == [0.0, 1.0, 0.0]
-    assert m["sampling/importance_sampling_ratio/mean"].item() == pytest.approx(1 / 3)
+    np.testing.assert_allclose(np.array(w).reshape(-1), [0.0, 4.0, 0.0], rtol=1e-6)
+    # over the 3 completions: mean (0 + 4 + 0) / 3, min 0, max 4; 2 of 3 masked
+    assert m["sampling/importance_sampling_ratio/mean"].item() == pytest.approx(4 / 3, rel=1e-6)
     assert m["sampling/importance_sampling_ratio/min"].item() == 0.0
-    assert m["sampling/importance_sampling_ratio/max"].item() == 1.0
+    assert m["sampling/importance_sampling_ratio/max"].item() == pytest.approx(4.0, rel=1e-6)
     assert m["sampling/importance_sampling_masked_frac"].item() == pytest.approx(2 / 3)
+    # band [0.2, 4.5]: 8 -> 0; 4 -> 4; 1/4 -> 1/4 (inside, so it keeps its ratio: not 1, not 0)
+    w, m = importance_weights(trainer, trainer - d, mask, "sequence_mask", cap=4.5, floor=0.2)
+    np.testing.assert_allclose(np.array(w).reshape(-1), [0.0, 4.0, 0.25], rtol=1e-6)
+    assert m["sampling/importance_sampling_masked_frac"].item() == pytest.approx(1 / 3)
+    # floor 0 (TRL's clip_min None): a ratio that underflows to 0 is inside the band, not masked
+    w, m = importance_weights(mx.zeros((1, 1)), mx.array([[200.0]]), mx.ones((1, 1)), "sequence_mask", cap=3.0)
+    assert w.item() == 0.0 and m["sampling/importance_sampling_masked_frac"].item() == 0.0
 
 
 def test_mismatch_metrics_by_hand():
@@ -59,11 +69,11 @@ def test_mismatch_metrics_by_hand():
     assert m["sampling/kl"].item() == pytest.approx((10.5 - 5 * LN2) / 5, rel=1e-6)
 
 
-def _loss(logp, correction, **kw):
+def _loss(logp, correction, cap=3.0, **kw):
     return grpo_loss(
         logp, None, None, mx.array([1.0, -1.0]), MASK, beta=0.0, epsilon=0.2, epsilon_high=0.2,
         loss_type="bnpo", max_completion_length=3, sampling_logp=SAMPLER,
-        importance_sampling_correction=correction, importance_sampling_cap=3.0, **kw,
+        importance_sampling_correction=correction, importance_sampling_cap=cap, **kw,
     )
 
 
@@ -79,6 +89,18 @@ def test_weights_multiply_the_policy_term_and_carry_no_gradient():
     np.testing.assert_allclose(np.array(grad), [[-0.2, -0.4, -0.6], [0.1, 0.6, 0.0]], rtol=1e-5, atol=1e-7)
     # sequence_mask with cap 3: both sequence ratios (8 and 4) leave [0, 3]; nothing is trained on
     assert _loss(TRAINER, "sequence_mask")[0].item() == 0.0
+
+
+def test_sequence_mask_multiplies_the_policy_term_by_the_sequence_ratio():
+    # cap 5: row 0's rho = 8 is masked, row 1's rho = exp(-ln 2 + 3 ln 2) = 4 is kept as its weight.
+    # On-policy ratio 1, A = [1, -1], bnpo over 5 tokens: row 1's two tokens give -(-1) * 4 each,
+    # loss (4 + 4) / 5 = 1.6 (a 0/1 mask would give (1 + 1) / 5 = 0.4).
+    loss, metrics = _loss(TRAINER, "sequence_mask", cap=5.0)
+    assert loss.item() == pytest.approx(1.6, rel=1e-6)
+    assert metrics["sampling/importance_sampling_masked_frac"].item() == pytest.approx(0.5)
+    # d loss / d logp = -A w / 5: 0 on row 0, 4 / 5 on row 1's two tokens; w carries no gradient
+    grad = mx.grad(lambda lp: _loss(lp, "sequence_mask", cap=5.0)[0])(TRAINER)
+    np.testing.assert_allclose(np.array(grad), [[0.0, 0.0, 0.0], [0.8, 0.8, 0.0]], rtol=1e-5, atol=1e-7)
 
 
 def test_correction_needs_the_sampling_logprobs():

@@ -5,12 +5,15 @@ With d[i,t] = trainer_logp[i,t] - sampling_logp[i,t] on completion tokens (the t
 log-prob under the parameters that sampled, minus the sampler's own log-prob of the token):
 
     token_truncate:  w[i,t] = clip(exp(d[i,t]), floor, cap)                          [N, T]
-    sequence_mask:   w[i]   = 1 if floor <= exp(sum_t m d[i,t]) <= cap else 0          [N, 1]
+    sequence_mask:   w[i]   = rho[i] if floor <= rho[i] <= cap else 0,
+                     rho[i] = exp(sum_t m d[i,t])                                       [N, 1]
 
-as TRL 1.16 defines `vllm_importance_sampling_mode` = "token_truncate" / "sequence_mask" with
-`vllm_importance_sampling_clip_min` (floor; TRL's None is 0 here) and `_clip_max` (cap). The
-weights multiply the policy term of each token's loss, not the KL term. The sequence ratio is a
-product over tokens (TRL sums the log differences), not GSPO's geometric mean.
+as TRL's GRPOTrainer defines `vllm_importance_sampling_mode` = "token_truncate" /
+"sequence_mask" with `vllm_importance_sampling_clip_min` (floor; TRL's None is 0 here, the
+same band since rho > 0) and `_clip_max` (cap): a sequence inside the band keeps its own ratio,
+one outside it gets 0 (TRL masks rho < clip_min or rho > clip_max). The weights multiply the
+policy term of each token's loss, not the KL term. The sequence ratio is a product over tokens
+(TRL sums the log differences), not GSPO's geometric mean.
 
 Mismatch metrics, token means over the completion tokens:
     sampling/logprob_diff_mean, sampling/logprob_diff_max: |d| (TRL's
@@ -47,7 +50,8 @@ def importance_weights(trainer_logp, sampling_logp, mask, mode: str, cap: float,
         valid = mask > 0
     else:
         ratio = mx.exp(d.sum(-1, keepdims=True))  # (N, 1); inf past float range, then masked
-        weights = ((ratio >= floor) & (ratio <= cap)).astype(mx.float32)
+        inside = (ratio >= floor) & (ratio <= cap)
+        weights = mx.where(inside, ratio, 0.0)  # where, not a product: inf * 0 would be nan
         valid = mask.sum(-1, keepdims=True) > 0
     count = mx.maximum(valid.sum(), 1)
     metrics = {
@@ -56,5 +60,5 @@ def importance_weights(trainer_logp, sampling_logp, mask, mode: str, cap: float,
         "sampling/importance_sampling_ratio/max": mx.where(valid, weights, -mx.inf).max(),
     }
     if mode == "sequence_mask":
-        metrics["sampling/importance_sampling_masked_frac"] = (valid & (weights == 0)).sum() / count
+        metrics["sampling/importance_sampling_masked_frac"] = (valid & ~inside).sum() / count
     return weights, metrics

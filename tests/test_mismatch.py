@@ -65,8 +65,49 @@ def test_mismatch_metrics_by_hand():
     # |d| over 5 tokens: (0 + 1 + 2 + 1 + 3) ln 2 / 5 = 1.4 ln 2; max 3 ln 2
     assert m["sampling/logprob_diff_mean"].item() == pytest.approx(1.4 * LN2, rel=1e-6)
     assert m["sampling/logprob_diff_max"].item() == pytest.approx(3 * LN2, rel=1e-6)
-    # k3 = exp(d) - d - 1: 0, 1 - ln 2, 3 - 2 ln 2, ln 2 - 1/2, 7 - 3 ln 2; sum 10.5 - 5 ln 2, mean / 5
-    assert m["sampling/kl"].item() == pytest.approx((10.5 - 5 * LN2) / 5, rel=1e-6)
+    # k1 = -d: 0, -ln 2, -2 ln 2, ln 2, -3 ln 2; sum -5 ln 2, mean / 5 = -ln 2 (one batch may read < 0)
+    assert m["sampling/kl"].item() == pytest.approx(-LN2, rel=1e-6)
+
+
+def _k3(trainer, sampler):
+    d = trainer - sampler
+    return (mx.exp(d) - d - 1).mean().item()
+
+
+def test_sampling_kl_under_top_p_and_top_k_is_exact_where_k3_reads_low():
+    """Truncation of the trainer's own distribution: s = t / t(S) on the kept set S, so d = log t(S)
+    on every drawn token and KL(s || t) = -log t(S) exactly, whatever was drawn."""
+    probs = [0.5, 0.3, 0.15, 0.05]  # PROBS, T = 1
+    for flags, drawn, kept in (({"top_p": 0.7}, [0, 1, 0], 0.8), ({"top_k": 1}, [0, 0], 0.5)):
+        sampler = mx.array([[_sampling_logprob(x, 1.0, **flags) for x in drawn]])
+        trainer = mx.log(mx.array([[probs[x] for x in drawn]]))
+        kl = mismatch_metrics(trainer, sampler, mx.ones(trainer.shape))["sampling/kl"].item()
+        assert kl == pytest.approx(-math.log(kept), rel=1e-5)
+        # k3 reads KL - (1 - t(S)): top_p 0.7: 0.2231 - 0.2 = 0.0231 (9.6x low);
+        # top_k 1: 0.6931 - 0.5 = 0.1931 (3.6x low)
+        assert _k3(trainer, sampler) == pytest.approx(-math.log(kept) - (1 - kept), rel=1e-4)
+
+
+def test_sampling_kl_is_unbiased_under_top_k_of_other_logits():
+    """A sampler with its own logits (as a quantized copy has), cut to its top 2: the trainer's
+    t = [0.4, 0.3, 0.2, 0.1], the sampler's q = [0.45, 0.45, 0.05, 0.05] -> s = [0.5, 0.5, 0, 0].
+    KL(s || t) = 0.5 ln(0.5 / 0.4) + 0.5 ln(0.5 / 0.3) = 0.5 (0.22314 + 0.51083) = 0.36698.
+    -d is 0.22314 or 0.51083 with probability 1/2 each: std (0.51083 - 0.22314) / 2 = 0.14384,
+    so over 20000 draws the standard error is 0.14384 / sqrt(20000) = 0.00102.
+    k3's mean is KL - (1 - t(S)) = 0.36698 - 0.3 = 0.06698, 5.5x low (k3 is 0.8 + 0.22314 - 1 =
+    0.02314 or 0.6 + 0.51083 - 1 = 0.11083: standard error (0.11083 - 0.02314) / 2 / sqrt(20000) = 0.00031)."""
+    t = mx.log(mx.array([0.4, 0.3, 0.2, 0.1]))
+    q = mx.log(mx.array([[0.45, 0.45, 0.05, 0.05]]))
+    draws = np.random.default_rng(0).choice(4, size=20000, p=[0.5, 0.5, 0.0, 0.0])
+    sampler_logprob = make_sampling_logprob(1.0, 0.0, 2, 0.0)  # top_k 2
+    tokens = mx.array(draws)
+    sampler = sampler_logprob(mx.broadcast_to(q, (len(draws), 4)), tokens)[None]  # (1, 20000)
+    trainer = t[tokens][None]
+    np.testing.assert_allclose(np.exp(np.array(sampler[0, :2])), [0.5, 0.5], rtol=1e-5)
+    kl = mismatch_metrics(trainer, sampler, mx.ones(trainer.shape))["sampling/kl"].item()
+    exact = 0.5 * math.log(0.5 / 0.4) + 0.5 * math.log(0.5 / 0.3)
+    assert abs(kl - exact) < 4 * 0.00102
+    assert _k3(trainer, sampler) == pytest.approx(exact - 0.3, abs=4 * 0.00031)  # far below exact
 
 
 def _loss(logp, correction, cap=3.0, **kw):

@@ -18,8 +18,14 @@ policy term of each token's loss, not the KL term. The sequence ratio is a produ
 Mismatch metrics, token means over the completion tokens:
     sampling/logprob_diff_mean, sampling/logprob_diff_max: |d| (TRL's
         sampling/sampling_logp_difference/mean and /max)
-    sampling/kl: mean of exp(d) - d - 1, the k3 estimate of KL(sampler || trainer) from tokens
-        drawn by the sampler (unbiased, never negative).
+    sampling/kl: mean of -d, the k1 estimate of KL(sampler || trainer) = E_sampler[log s - log t]
+        from tokens the sampler drew: unbiased whatever the sampler truncated, since it needs
+        only the sampler's support to lie inside the trainer's; one batch can read below 0.
+
+Not k3 (exp(d) - d - 1, as for the loss's KL to the reference): its mean is unbiased only when
+E_sampler[exp(d)] = 1, i.e. when both put mass on the same tokens. After top_p/top_k/min_p the
+sampler draws from a set S of trainer mass t(S) < 1, E_sampler[exp(d)] = t(S), and k3 reads
+KL - (1 - t(S)): with top_p 0.7 keeping 0.8 of the mass, 0.023 against the true 0.223.
 """
 
 import mlx.core as mx
@@ -34,7 +40,7 @@ def mismatch_metrics(trainer_logp, sampling_logp, mask) -> dict:
     return {
         "sampling/logprob_diff_mean": mx.abs(d).sum() / tokens,
         "sampling/logprob_diff_max": mx.abs(d).max(),
-        "sampling/kl": ((mx.exp(d) - d - 1.0) * mask).sum() / tokens,
+        "sampling/kl": -d.sum() / tokens,  # d is 0 off the mask
     }
 
 

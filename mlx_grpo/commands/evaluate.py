@@ -13,6 +13,7 @@ Every configured reward is averaged over greedy completions, under the names tra
   samples drawn at eval.temperature with generation's top_p, top_k and min_p;
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
   greedy completions against the references (rouge-score, stemmed).
+`accuracy_stderr`, `reward_stderr`: standard errors over the n prompts (std / sqrt(n)).
 Identical (question, answer) rows are scored once, so a cycled split does not count twice.
 `mlx-grpo eval` writes the results JSON into the run folder, or under runs/eval/ for a model
 that is not a run, and never replaces an earlier file unless told to (`output_path`).
@@ -159,11 +160,14 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
     metrics = {"num_prompts": len(examples)}
     if is_gsm8k_style(answers):
         metrics.update(accuracy_metrics(greedy, answers))
+        p = metrics["accuracy"]  # the binomial standard error, over the distinct prompts
+        metrics["accuracy_stderr"] = float(np.sqrt(p * (1 - p) / len(examples)))
         if sampled is not None:
             metrics.update(number_metrics(sampled, answers))
     if any("rouge" in name for name in per_name):
         metrics.update(rouge_metrics(greedy, answers))
     metrics["reward"] = float(np.mean(totals))
+    metrics["reward_stderr"] = float(np.std(totals) / np.sqrt(len(totals)))
     metrics.update({f"rewards/{name}/mean": float(np.mean(v)) for name, v in per_name.items()})
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in greedy]
     metrics["completions/mean_length"] = float(np.mean(lengths))
@@ -213,7 +217,7 @@ def _eval_config(args, loaded):
     if args.config:
         return load_config(args.config, args.overrides)
     if loaded is not None and loaded.config is not None:
-        return load_config(loaded.checkpoint / CONFIG, args.overrides)
+        return load_config(loaded.checkpoint / CONFIG, args.overrides, saved=True)
     raise ModelError("eval: give --config FILE (the profile whose data and rewards to use), "
                      "or a --model that comes from a run")
 

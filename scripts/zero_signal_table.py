@@ -6,8 +6,8 @@ of `training.skip_zero_signal_steps`.
 
 The smoke profile with few prompts a step (so that whole steps without reward spread happen),
 trained with the option off and on for each seed, then `mlx-grpo eval` of each run on the 200
-held-out questions of builtin:arithmetic (greedy; `accuracy`, and the strict and lenient
-readings). Everything else is the smoke profile's; the shipped base scores 0.570.
+held-out questions of builtin:arithmetic (greedy; `accuracy`, and the format, strict and
+lenient readings). Everything else is the smoke profile's; the shipped base scores 0.570.
 """
 
 import argparse
@@ -40,7 +40,8 @@ def one_run(prompts: int, steps: int, seed: int, skip: bool, work: Path) -> dict
     rows = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     return {"prompts": prompts, "steps": steps, "seed": seed, "skip": skip,
             "flat_steps": sum(r["frac_reward_zero_std"] == 1.0 for r in rows),
-            "accuracy": m["accuracy"], "strict": m.get("accuracy_strict"), "lenient": m.get("accuracy_lenient")}
+            "accuracy": m["accuracy"], "format": m.get("accuracy_format"), "strict": m.get("accuracy_strict"),
+            "lenient": m.get("accuracy_lenient")}
 
 
 def table(cells: list[dict]) -> str:

@@ -1,6 +1,7 @@
 """eval: task metrics against hand-computed values, the command, and [eval] during training."""
 
 import json
+import math
 import re
 from pathlib import Path
 
@@ -58,6 +59,12 @@ def test_evaluate_tiny_accuracy_matches_the_correctness_reward(tiny):
     right = sum(s["rewards"]["gsm8k_correctness"] for s in result["samples"])
     assert m["accuracy"] == m["rewards/gsm8k_correctness/mean"] == right / 6
     assert m["reward"] == pytest.approx(m["rewards/gsm8k_correctness/mean"] + 0.5 * m["rewards/xml_format/mean"])
+    # standard errors over the 6 prompts: sqrt(p (1 - p) / 6); the reward's population std / sqrt(6)
+    p = right / 6
+    assert m["accuracy_stderr"] == pytest.approx(math.sqrt(p * (1 - p) / 6), rel=1e-9)
+    totals = [s["rewards"]["gsm8k_correctness"] + 0.5 * s["rewards"]["xml_format"] for s in result["samples"]]
+    mean = sum(totals) / 6
+    assert m["reward_stderr"] == pytest.approx(math.sqrt(sum((t - mean) ** 2 for t in totals) / 6) / math.sqrt(6))
     assert 0.0 <= m["maj@3"] <= m["pass@3"] <= 1.0
     assert all(len(s["samples"]) == 3 for s in result["samples"])
     assert "accuracy" in format_table(m).splitlines()[3]
@@ -180,7 +187,8 @@ def test_eval_during_training_logs_eval_metrics_and_changes_nothing_else(tmp_pat
     (plain, plain_texts), (with_eval, eval_texts) = runs
     for row in with_eval:
         assert row["eval/num_prompts"] == 3 and 0.0 <= row["eval/accuracy"] <= 1.0
-        assert {"eval/reward", "eval/rewards/gsm8k_correctness/mean", "eval/rewards/xml_format/mean"} <= set(row)
+        assert {"eval/reward", "eval/rewards/gsm8k_correctness/mean", "eval/rewards/xml_format/mean",
+                "eval/accuracy_stderr", "eval/reward_stderr"} <= set(row)
         assert (f"eval/pass@{num_samples}" in row) == (num_samples > 1)
     strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING and not k.startswith("eval/")} for r in rows]
     assert strip(plain) == strip(with_eval)

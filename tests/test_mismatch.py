@@ -36,18 +36,28 @@ def test_token_truncate_weights_by_hand():
 
 
 def test_sequence_mask_weights_by_hand():
-    # a third row d = [-ln 2, -ln 2, 0]. Sequence ratios exp(sum d): 8, 4, 1/4.
+    """TRL's sequence_mask: rho = exp(sum_t d), kept as the weight where clip_min <= rho <= clip_max,
+    0 where rho < clip_min or rho > clip_max (grpo_trainer.py masks the ratio, it does not binarize it)."""
+    # a third row d = [-ln 2, -ln 2, 0]. Sequence sums of d: 3 ln 2, 2 ln 2, -2 ln 2; rho = 8, 4, 1/4.
     d = mx.array(D + [[-LN2, -LN2, 0.0]])
     mask = mx.concatenate([MASK, mx.array([[1.0, 1.0, 1.0]])])
     trainer = mx.zeros((3, 3))
-    # band [0.5, 5]: 8 is above it, 1/4 below, 4 inside
+    # band [0.5, 5]: 8 > 5 -> 0; 0.5 <= 4 <= 5 -> 4; 1/4 < 0.5 -> 0
     w, m = importance_weights(trainer, trainer - d, mask, "sequence_mask", cap=5.0, floor=0.5)
     assert w.shape == (3, 1)
-    assert w.reshape(-1).tolist() == [0.0, 1.0, 0.0]
-    assert m["sampling/importance_sampling_ratio/mean"].item() == pytest.approx(1 / 3)
+    np.testing.assert_allclose(np.array(w).reshape(-1), [0.0, 4.0, 0.0], rtol=1e-6)
+    # over the 3 completions: mean (0 + 4 + 0) / 3, min 0, max 4; 2 of 3 masked
+    assert m["sampling/importance_sampling_ratio/mean"].item() == pytest.approx(4 / 3, rel=1e-6)
     assert m["sampling/importance_sampling_ratio/min"].item() == 0.0
-    assert m["sampling/importance_sampling_ratio/max"].item() == 1.0
+    assert m["sampling/importance_sampling_ratio/max"].item() == pytest.approx(4.0, rel=1e-6)
     assert m["sampling/importance_sampling_masked_frac"].item() == pytest.approx(2 / 3)
+    # band [0.2, 4.5]: 8 -> 0; 4 -> 4; 1/4 -> 1/4 (inside, so it keeps its ratio: not 1, not 0)
+    w, m = importance_weights(trainer, trainer - d, mask, "sequence_mask", cap=4.5, floor=0.2)
+    np.testing.assert_allclose(np.array(w).reshape(-1), [0.0, 4.0, 0.25], rtol=1e-6)
+    assert m["sampling/importance_sampling_masked_frac"].item() == pytest.approx(1 / 3)
+    # floor 0 (TRL's clip_min None): a ratio that underflows to 0 is inside the band, not masked
+    w, m = importance_weights(mx.zeros((1, 1)), mx.array([[200.0]]), mx.ones((1, 1)), "sequence_mask", cap=3.0)
+    assert w.item() == 0.0 and m["sampling/importance_sampling_masked_frac"].item() == 0.0
 
 
 def test_mismatch_metrics_by_hand():
@@ -55,15 +65,56 @@ def test_mismatch_metrics_by_hand():
     # |d| over 5 tokens: (0 + 1 + 2 + 1 + 3) ln 2 / 5 = 1.4 ln 2; max 3 ln 2
     assert m["sampling/logprob_diff_mean"].item() == pytest.approx(1.4 * LN2, rel=1e-6)
     assert m["sampling/logprob_diff_max"].item() == pytest.approx(3 * LN2, rel=1e-6)
-    # k3 = exp(d) - d - 1: 0, 1 - ln 2, 3 - 2 ln 2, ln 2 - 1/2, 7 - 3 ln 2; sum 10.5 - 5 ln 2, mean / 5
-    assert m["sampling/kl"].item() == pytest.approx((10.5 - 5 * LN2) / 5, rel=1e-6)
+    # k1 = -d: 0, -ln 2, -2 ln 2, ln 2, -3 ln 2; sum -5 ln 2, mean / 5 = -ln 2 (one batch may read < 0)
+    assert m["sampling/kl"].item() == pytest.approx(-LN2, rel=1e-6)
 
 
-def _loss(logp, correction, **kw):
+def _k3(trainer, sampler):
+    d = trainer - sampler
+    return (mx.exp(d) - d - 1).mean().item()
+
+
+def test_sampling_kl_under_top_p_and_top_k_is_exact_where_k3_reads_low():
+    """Truncation of the trainer's own distribution: s = t / t(S) on the kept set S, so d = log t(S)
+    on every drawn token and KL(s || t) = -log t(S) exactly, whatever was drawn."""
+    probs = [0.5, 0.3, 0.15, 0.05]  # PROBS, T = 1
+    for flags, drawn, kept in (({"top_p": 0.7}, [0, 1, 0], 0.8), ({"top_k": 1}, [0, 0], 0.5)):
+        sampler = mx.array([[_sampling_logprob(x, 1.0, **flags) for x in drawn]])
+        trainer = mx.log(mx.array([[probs[x] for x in drawn]]))
+        kl = mismatch_metrics(trainer, sampler, mx.ones(trainer.shape))["sampling/kl"].item()
+        assert kl == pytest.approx(-math.log(kept), rel=1e-5)
+        # k3 reads KL - (1 - t(S)): top_p 0.7: 0.2231 - 0.2 = 0.0231 (9.6x low);
+        # top_k 1: 0.6931 - 0.5 = 0.1931 (3.6x low)
+        assert _k3(trainer, sampler) == pytest.approx(-math.log(kept) - (1 - kept), rel=1e-4)
+
+
+def test_sampling_kl_is_unbiased_under_top_k_of_other_logits():
+    """A sampler with its own logits (as a quantized copy has), cut to its top 2: the trainer's
+    t = [0.4, 0.3, 0.2, 0.1], the sampler's q = [0.45, 0.45, 0.05, 0.05] -> s = [0.5, 0.5, 0, 0].
+    KL(s || t) = 0.5 ln(0.5 / 0.4) + 0.5 ln(0.5 / 0.3) = 0.5 (0.22314 + 0.51083) = 0.36698.
+    -d is 0.22314 or 0.51083 with probability 1/2 each: std (0.51083 - 0.22314) / 2 = 0.14384,
+    so over 20000 draws the standard error is 0.14384 / sqrt(20000) = 0.00102.
+    k3's mean is KL - (1 - t(S)) = 0.36698 - 0.3 = 0.06698, 5.5x low (k3 is 0.8 + 0.22314 - 1 =
+    0.02314 or 0.6 + 0.51083 - 1 = 0.11083: standard error (0.11083 - 0.02314) / 2 / sqrt(20000) = 0.00031)."""
+    t = mx.log(mx.array([0.4, 0.3, 0.2, 0.1]))
+    q = mx.log(mx.array([[0.45, 0.45, 0.05, 0.05]]))
+    draws = np.random.default_rng(0).choice(4, size=20000, p=[0.5, 0.5, 0.0, 0.0])
+    sampler_logprob = make_sampling_logprob(1.0, 0.0, 2, 0.0)  # top_k 2
+    tokens = mx.array(draws)
+    sampler = sampler_logprob(mx.broadcast_to(q, (len(draws), 4)), tokens)[None]  # (1, 20000)
+    trainer = t[tokens][None]
+    np.testing.assert_allclose(np.exp(np.array(sampler[0, :2])), [0.5, 0.5], rtol=1e-5)
+    kl = mismatch_metrics(trainer, sampler, mx.ones(trainer.shape))["sampling/kl"].item()
+    exact = 0.5 * math.log(0.5 / 0.4) + 0.5 * math.log(0.5 / 0.3)
+    assert abs(kl - exact) < 4 * 0.00102
+    assert _k3(trainer, sampler) == pytest.approx(exact - 0.3, abs=4 * 0.00031)  # far below exact
+
+
+def _loss(logp, correction, cap=3.0, **kw):
     return grpo_loss(
         logp, None, None, mx.array([1.0, -1.0]), MASK, beta=0.0, epsilon=0.2, epsilon_high=0.2,
         loss_type="bnpo", max_completion_length=3, sampling_logp=SAMPLER,
-        importance_sampling_correction=correction, importance_sampling_cap=3.0, **kw,
+        importance_sampling_correction=correction, importance_sampling_cap=cap, **kw,
     )
 
 
@@ -79,6 +130,18 @@ def test_weights_multiply_the_policy_term_and_carry_no_gradient():
     np.testing.assert_allclose(np.array(grad), [[-0.2, -0.4, -0.6], [0.1, 0.6, 0.0]], rtol=1e-5, atol=1e-7)
     # sequence_mask with cap 3: both sequence ratios (8 and 4) leave [0, 3]; nothing is trained on
     assert _loss(TRAINER, "sequence_mask")[0].item() == 0.0
+
+
+def test_sequence_mask_multiplies_the_policy_term_by_the_sequence_ratio():
+    # cap 5: row 0's rho = 8 is masked, row 1's rho = exp(-ln 2 + 3 ln 2) = 4 is kept as its weight.
+    # On-policy ratio 1, A = [1, -1], bnpo over 5 tokens: row 1's two tokens give -(-1) * 4 each,
+    # loss (4 + 4) / 5 = 1.6 (a 0/1 mask would give (1 + 1) / 5 = 0.4).
+    loss, metrics = _loss(TRAINER, "sequence_mask", cap=5.0)
+    assert loss.item() == pytest.approx(1.6, rel=1e-6)
+    assert metrics["sampling/importance_sampling_masked_frac"].item() == pytest.approx(0.5)
+    # d loss / d logp = -A w / 5: 0 on row 0, 4 / 5 on row 1's two tokens; w carries no gradient
+    grad = mx.grad(lambda lp: _loss(lp, "sequence_mask", cap=5.0)[0])(TRAINER)
+    np.testing.assert_allclose(np.array(grad), [[0.0, 0.0, 0.0], [0.8, 0.8, 0.0]], rtol=1e-5, atol=1e-7)
 
 
 def test_correction_needs_the_sampling_logprobs():

@@ -1,6 +1,8 @@
 """Tripwires: each fires on a hand-made metric sequence that shows its failure, none on a
 healthy run; the unmoved-tensor check on a real optimizer; one short run that trips two."""
 
+import math
+
 import mlx.core as mx
 import mlx.nn as nn
 import mlx.optimizers as optim
@@ -31,16 +33,29 @@ def test_format_rising_while_correctness_stays_flat():
     assert format_without_correctness({"xml_format": fmt[1:]}, flat[1:], 20) is None  # 39 steps: too few
 
 
-def test_training_reward_rising_while_eval_falls():
+def _se(p, n=200):
+    return math.sqrt(p * (1 - p) / n)
+
+
+def test_training_reward_rising_while_eval_falls_past_its_noise():
     rewards = {s: 1.0 if s <= 5 else 1.2 for s in range(1, 11)}
-    # steps 6-10 average 1.2 against steps 1-5's 1.0; the eval fell 0.60 -> 0.55, by 0.05 >= 0.02
-    text = train_up_eval_down(rewards, [(5, 0.60), (10, 0.55)], drop=0.02, key="eval/accuracy")
-    assert text == ("eval/accuracy fell from 0.600 at step 5 to 0.550 at step 10 while the training reward "
-                    "rose by 0.200: the policy fits the training prompts, not the task")
-    assert train_up_eval_down(rewards, [(5, 0.60), (10, 0.59)], drop=0.02) is None  # fell by 0.01 only
-    assert train_up_eval_down({s: 1.0 for s in range(1, 11)}, [(5, 0.6), (10, 0.5)], drop=0.02) is None  # flat
-    assert train_up_eval_down(rewards, [(10, 0.55)], drop=0.02) is None  # one evaluation: nothing to compare
-    assert train_up_eval_down(rewards, [(5, 0.6), (10, 0.5)], drop=0.0) is None  # off
+    # steps 6-10 average 1.2 against steps 1-5's 1.0. Over 200 prompts, se(0.60) = sqrt(0.6 * 0.4 / 200)
+    # = 0.034641 and se(0.55) = se(0.45) = sqrt(0.55 * 0.45 / 200) = 0.035178; the difference's SE is
+    # sqrt(0.0012 + 0.0012375) = 0.049371, so k = 2 fires past a drop of 0.098742.
+    assert _se(0.6) == pytest.approx(0.034641, abs=1e-6) and _se(0.55) == pytest.approx(0.035178, abs=1e-6)
+    # 0.60 -> 0.55: a drop of 0.05, about 1.0 SE: noise, not a signal (the old fixed 0.02 fired here)
+    assert train_up_eval_down(rewards, [(5, 0.60, _se(0.60)), (10, 0.55, _se(0.55))], k=2.0) is None
+    # 0.60 -> 0.45: 0.15 / 0.049371 = 3.04 SE > 2
+    text = train_up_eval_down(rewards, [(5, 0.60, _se(0.60)), (10, 0.45, _se(0.45))], k=2.0, key="eval/accuracy")
+    assert text == ("eval/accuracy fell from 0.600 at step 5 to 0.450 at step 10, 3.0 standard errors (0.049) of "
+                    "the difference, while the training reward rose by 0.200: the policy fits the training prompts, "
+                    "not the task")
+    # the same 0.05 drop over 2000 prompts: SE sqrt(0.00012 + 0.00012375) = 0.015612, 3.2 SE: fires
+    assert train_up_eval_down(rewards, [(5, 0.60, _se(0.60, 2000)), (10, 0.55, _se(0.55, 2000))], k=2.0)
+    drop = [(5, 0.6, _se(0.6)), (10, 0.4, _se(0.4))]
+    assert train_up_eval_down({s: 1.0 for s in range(1, 11)}, drop, k=2.0) is None  # reward flat
+    assert train_up_eval_down(rewards, drop[1:], k=2.0) is None  # one evaluation: nothing to compare
+    assert train_up_eval_down(rewards, drop, k=0.0) is None  # off
 
 
 def _row(step, **kw):
@@ -59,9 +74,24 @@ def test_a_healthy_run_trips_nothing():
     rows = [_row(s, rewards__gsm8k_correctness__mean=0.3 + 0.01 * s, rewards__xml_format__mean=0.5 + 0.01 * s,
                  completions__clipped_rewarded_ratio=0.05 * (s % 2), reward=1.0 + 0.01 * s) for s in range(1, 61)]
     for s in (10, 20, 30):
-        rows[s - 1]["eval/accuracy"] = 0.5 + 0.01 * s
+        rows[s - 1]["eval/accuracy"], rows[s - 1]["eval/accuracy_stderr"] = 0.5 + 0.01 * s, 0.035
     t = Tripwires()
     assert feed(t, rows) == {} and t.summary() is None
+
+
+def test_the_eval_tripwire_reads_the_logged_standard_errors():
+    # eval at steps 10 and 20, reward up from 1.0 to 1.2: 0.60 -> 0.50 with stderr 0.035 each is a drop
+    # of 0.10 against 2 * sqrt(2) * 0.035 = 0.099: fires; with stderr 0.036 (threshold 0.102) it does not
+    for stderr, fires in ((0.035, True), (0.036, False)):
+        rows = [_row(s, reward=1.0 if s <= 10 else 1.2) for s in range(1, 21)]
+        for s, acc in ((10, 0.6), (20, 0.5)):
+            rows[s - 1].update({"eval/accuracy": acc, "eval/accuracy_stderr": stderr})
+        printed = feed(Tripwires(format_window=0), rows)
+        assert (20 in printed) == fires, stderr
+    # without a logged stderr (an eval from before it was logged) nothing is judged
+    rows = [_row(s, reward=1.0 if s <= 10 else 1.2) for s in range(1, 21)]
+    rows[9]["eval/accuracy"], rows[19]["eval/accuracy"] = 0.9, 0.1
+    assert feed(Tripwires(format_window=0), rows) == {}
 
 
 def test_each_tripwire_prints_once_and_is_counted():
@@ -90,11 +120,12 @@ def test_each_tripwire_prints_once_and_is_counted():
 
 def test_thresholds_come_from_the_logging_section():
     c = load_config(None, ["logging.warn_truncated_rewarded=0.3", "logging.warn_format_window=5",
-                           "logging.warn_eval_drop=0.1", "logging.warn_unmoved_after=7"]).logging
+                           "logging.warn_eval_drop_se=3", "logging.warn_unmoved_after=7"]).logging
     t = Tripwires.from_config(c)
-    assert (t.truncated_rewarded, t.format_window, t.eval_drop) == (0.3, 5, 0.1) and c.warn_unmoved_after == 7
+    assert (t.truncated_rewarded, t.format_window, t.eval_drop_se) == (0.3, 5, 3.0) and c.warn_unmoved_after == 7
+    assert Tripwires.from_config(load_config(None).logging).eval_drop_se == 2.0
     off = Tripwires.from_config(load_config(None, ["logging.warn_truncated_rewarded=0", "logging.warn_format_window=0",
-                                                   "logging.warn_eval_drop=0"]).logging)
+                                                   "logging.warn_eval_drop_se=0"]).logging)
     rows = [_row(s, completions__clipped_rewarded_ratio=0.9, rewards__xml_format__mean=0.1 if s < 21 else 0.9)
             for s in range(1, 41)]
     assert feed(off, rows) == {}
@@ -102,12 +133,26 @@ def test_thresholds_come_from_the_logging_section():
 
 @pytest.mark.parametrize("item, expected", [
     ("logging.warn_truncated_rewarded=1.0", "in [0, 1)"), ("logging.warn_format_window=-1", ">= 0"),
-    ("logging.warn_eval_drop=-0.1", ">= 0"), ("logging.warn_unmoved_after=-2", ">= 0"),
+    ("logging.warn_eval_drop_se=-0.1", ">= 0"), ("logging.warn_unmoved_after=-2", ">= 0"),
 ])
 def test_bad_thresholds_are_refused(item, expected):
     with pytest.raises(ConfigError, match="logging.warn_") as info:
         load_config(None, [item])
     assert expected in str(info.value)
+
+
+def test_the_retired_eval_drop_key_names_its_replacement(tmp_path):
+    with pytest.raises(ConfigError) as info:
+        load_config(None, ["logging.warn_eval_drop=0.02"])
+    message = str(info.value)
+    assert "\n" not in message and message.startswith("--set logging.warn_eval_drop=0.02: logging.warn_eval_drop is "
+                                                      "retired; use logging.warn_eval_drop_se")
+    # a run's own config.toml from before still loads (eval --model, chat, export of an older run)
+    saved = tmp_path / "config.toml"
+    saved.write_text("[logging]\nwarn_eval_drop = 0.02\n")
+    assert load_config(saved, saved=True).logging.warn_eval_drop_se == 2.0
+    with pytest.raises(ConfigError, match="is retired"):
+        load_config(saved)
 
 
 def test_movement_check_names_a_tensor_the_optimizer_never_moved():

@@ -4,13 +4,16 @@ Every configured reward is averaged over greedy completions, under the names tra
 (`reward`, `rewards/<name>/mean`). The task metric follows from the data and the rewards:
 - GSM8K-style references (every answer ends in `#### N`): `accuracy`, the share of greedy
   answers whose number is right (pass@1) as the correctness reward reads it (the last number
-  in the last <answer> tag, else the last number anywhere); beside it `accuracy_strict` (right
-  and in the expected format: an <answer> tag holding just the number, or `#### N`) and
-  `accuracy_lenient` (the last number anywhere in the text is right); with K > 1 samples per prompt also `maj@K` (the
+  in the last <answer> tag, else the last number anywhere); beside it `accuracy_format` (right
+  and in the expected format: an <answer> tag holding just the number, or `#### N`), and
+  lm-evaluation-harness's GSM8K scoring, `accuracy_strict` (its strict-match: the first
+  `#### N`) and `accuracy_lenient` (its flexible-extract: the last number-like run), each
+  compared as its exact_match compares strings; with K > 1 samples per prompt also `maj@K` (the
   most frequent sampled number is right) and `pass@K` (any sampled number is right), the
   samples drawn at eval.temperature with generation's top_p, top_k and min_p;
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
   greedy completions against the references (rouge-score, stemmed).
+`accuracy_stderr`, `reward_stderr`: standard errors over the n prompts (std / sqrt(n)).
 Identical (question, answer) rows are scored once, so a cycled split does not count twice.
 `mlx-grpo eval` writes the results JSON into the run folder, or under runs/eval/ for a model
 that is not a run, and never replaces an earlier file unless told to (`output_path`).
@@ -31,8 +34,8 @@ from mlx_grpo.commands.args import add_model_args, add_progress_arg, number_at_l
 from mlx_grpo.errors import UserError
 from mlx_grpo.data.load import load_examples
 from mlx_grpo.rewards import (
-    ROUGE_TYPES, extract_last_number, extract_predicted_number, extract_reference_number, extract_strict_number,
-    rouge_scorer,
+    ROUGE_TYPES, extract_predicted_number, extract_reference_number, extract_strict_number, lm_eval_exact_match,
+    lm_eval_flexible_extract, lm_eval_strict_match, rouge_scorer,
 )
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.run.console import cap_width, show_bar
@@ -114,17 +117,26 @@ def number_metrics(samples: list[list[str]], answers: list[str]) -> dict:
     return {f"maj@{k}": float(np.mean(majority)), f"pass@{k}": float(np.mean(any_right))}
 
 
-READINGS = {"accuracy": extract_predicted_number, "accuracy_strict": extract_strict_number,
-            "accuracy_lenient": extract_last_number}
+def _same_number(read):
+    """A judge (completion, answer) -> bool: read's number equals the reference's numerically."""
+    def judge(completion, answer):
+        p, r = read(completion), extract_reference_number(answer)
+        return p is not None and Decimal(p) == Decimal(r)
+    return judge
+
+
+def _lm_eval(extract):
+    """A judge as lm-eval's GSM8K task judges: its filter, then exact_match against the whole answer."""
+    return lambda completion, answer: lm_eval_exact_match(extract(completion), answer)
+
+
+READINGS = {"accuracy": _same_number(extract_predicted_number), "accuracy_format": _same_number(extract_strict_number),
+            "accuracy_strict": _lm_eval(lm_eval_strict_match), "accuracy_lenient": _lm_eval(lm_eval_flexible_extract)}
 
 
 def accuracy_metrics(completions: list[str], answers: list[str]) -> dict:
-    """The share of completions whose number is right, under each reading of READINGS."""
-    refs = [extract_reference_number(a) for a in answers]
-    return {
-        key: float(np.mean([p is not None and Decimal(p) == Decimal(r) for p, r in zip(map(read, completions), refs)]))
-        for key, read in READINGS.items()
-    }
+    """The share of completions that are right, under each reading of READINGS."""
+    return {key: float(np.mean([judge(c, a) for c, a in zip(completions, answers)])) for key, judge in READINGS.items()}
 
 
 def rouge_metrics(completions: list[str], answers: list[str]) -> dict:
@@ -150,11 +162,14 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
     metrics = {"num_prompts": len(examples)}
     if is_gsm8k_style(answers):
         metrics.update(accuracy_metrics(greedy, answers))
+        p = metrics["accuracy"]  # the binomial standard error, over the distinct prompts
+        metrics["accuracy_stderr"] = float(np.sqrt(p * (1 - p) / len(examples)))
         if sampled is not None:
             metrics.update(number_metrics(sampled, answers))
     if any("rouge" in name for name in per_name):
         metrics.update(rouge_metrics(greedy, answers))
     metrics["reward"] = float(np.mean(totals))
+    metrics["reward_stderr"] = float(np.std(totals) / np.sqrt(len(totals)))
     metrics.update({f"rewards/{name}/mean": float(np.mean(v)) for name, v in per_name.items()})
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in greedy]
     metrics["completions/mean_length"] = float(np.mean(lengths))
@@ -204,7 +219,7 @@ def _eval_config(args, loaded):
     if args.config:
         return load_config(args.config, args.overrides)
     if loaded is not None and loaded.config is not None:
-        return load_config(loaded.checkpoint / CONFIG, args.overrides)
+        return load_config(loaded.checkpoint / CONFIG, args.overrides, saved=True)
     raise ModelError("eval: give --config FILE (the profile whose data and rewards to use), "
                      "or a --model that comes from a run")
 

@@ -22,7 +22,7 @@ from typing import Any
 import tomli_w
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.config.rules import RULES, SEED_LIMIT
+from mlx_grpo.config.rules import RETIRED, RULES, SEED_LIMIT
 from mlx_grpo.config.sections import Config
 
 
@@ -58,11 +58,16 @@ def _unknown(source: str, prefix: str, key: str, known: list[str], what: str) ->
     return ConfigError(f"{source}: unknown {what} {_dotted(prefix, key)!r} ({hint})")
 
 
-def _merge(obj: Any, table: dict[str, Any], prefix: str, source: str) -> None:
-    """Set each entry of a TOML table on a dataclass, checking name, type and range."""
+def _merge(obj: Any, table: dict[str, Any], prefix: str, source: str, saved: bool = False) -> None:
+    """Set each entry of a TOML table on a dataclass, checking name, type and range; a retired
+    key stops with its replacement, or is skipped in a run's saved config."""
     hints = typing.get_type_hints(type(obj))
     for key, value in table.items():
         dotted = _dotted(prefix, key)
+        if dotted in RETIRED:
+            if saved:
+                continue
+            raise ConfigError(f"{source}: {dotted} is retired; use {RETIRED[dotted]}")
         if key not in hints:
             what = "section" if not prefix and isinstance(value, dict) else "key"
             owners = [] if prefix else [s for s, h in hints.items() if dataclasses.is_dataclass(h)
@@ -75,7 +80,7 @@ def _merge(obj: Any, table: dict[str, Any], prefix: str, source: str) -> None:
         if dataclasses.is_dataclass(hint):  # a section: merge into it, key by key
             if not isinstance(value, dict):
                 raise _mismatch(source, dotted, "a table", value)
-            _merge(getattr(obj, key), value, dotted, source)
+            _merge(getattr(obj, key), value, dotted, source, saved)
             continue
         value = _coerce(value, hint, dotted, source)
         check, expected = RULES.get(re.sub(r"\[\d+\]", "", dotted), (None, ""))
@@ -164,12 +169,13 @@ def _parse_override(item: str) -> dict[str, Any]:
 
 
 def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Sequence[str] = (),
-                keywords: dict[str, Any] | None = None) -> Config:
+                keywords: dict[str, Any] | None = None, saved: bool = False) -> Config:
     """Defaults <- the profile <- `section.key=value` overrides <- keyword overrides.
 
     The profile is a TOML file's path, a dict of the same shape, a Config, or None (defaults
     only). `keywords` are the Python API's overrides: a top-level key with its value
     (`seed=1`) or a section with a dict (`training={"max_steps": 3}`), checked as `--set` is.
+    saved: the profile is a run's own config.toml, whose retired keys are skipped (`RETIRED`).
     """
     cfg = Config()
     if isinstance(profile, Config):
@@ -177,7 +183,7 @@ def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Se
     elif isinstance(profile, dict):
         _merge(cfg, profile, "", "config")
     elif profile is not None:
-        _merge(cfg, _read_profile(profile), "", str(profile))
+        _merge(cfg, _read_profile(profile), "", str(profile), saved)
     for item in overrides:
         _merge(cfg, _parse_override(item), "", f"--set {item}")
     for key, value in (keywords or {}).items():

@@ -135,7 +135,7 @@ class LoggingConfig:
     # Tripwires (mlx_grpo/run/tripwires.py); 0 turns one off.
     warn_truncated_rewarded: float = 0.1  # share of completions cut at the cap yet paid, above which it warns
     warn_format_window: int = 20  # W: a format reward's rise over 2W steps while correctness stays flat
-    warn_eval_drop: float = 0.02  # the held-out score fell this much between evaluations as training reward rose
+    warn_eval_drop_se: float = 2.0  # the held-out score fell by more standard errors than this as training reward rose
     warn_unmoved_after: int = 10  # updates after which every trainable tensor must have changed
 
 

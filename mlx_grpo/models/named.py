@@ -44,7 +44,7 @@ class LoadedModel:
 
 def _run_config(folder: Path) -> Config | None:
     path = folder / CONFIG
-    return load_config(path) if path.is_file() else None
+    return load_config(path, saved=True) if path.is_file() else None
 
 
 def _checkpoint_of(spec: str, path: Path, flag: str) -> Path:

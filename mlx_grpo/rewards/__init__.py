@@ -3,8 +3,8 @@ Python (no MLX), registered by name in `registry.REWARDS`; the task rewards in `
 reference-free summary rewards in `summary.py`."""
 
 from mlx_grpo.rewards.gsm8k import (
-    ROUGE_TYPES, extract_last_number, extract_predicted_number, extract_reference_number, extract_strict_number,
-    gsm8k_correctness, rouge_l, rouge_scorer,
+    ROUGE_TYPES, extract_predicted_number, extract_reference_number, extract_strict_number,
+    gsm8k_correctness, lm_eval_exact_match, lm_eval_flexible_extract, lm_eval_strict_match, rouge_l, rouge_scorer,
     xml_format,
 )
 from mlx_grpo.rewards.registry import REWARDS, RewardError, RewardFn, RewardSet, resolve_reward

@@ -3,8 +3,9 @@
 Each is a plain function ``fn(prompts, completions, answers, **kwargs) -> list[float]``; a wrong
 or unparseable answer scores 0.0. `extract_reference_number` and `extract_predicted_number` are
 shared with evaluation, which scores the same numbers as accuracy, maj@K and pass@K, with
-`extract_strict_number` and `extract_last_number` for its strict and lenient accuracy, and
-`rouge_scorer` with its ROUGE metrics. Pure Python: no MLX here.
+`extract_strict_number` for its format-aware accuracy, the `lm_eval_*` functions for
+lm-evaluation-harness's GSM8K strict-match and flexible-extract, and `rouge_scorer` with its
+ROUGE metrics. Pure Python: no MLX here.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def extract_predicted_number(completion: str) -> str | None:
     return _last_number(tagged[-1] if tagged else completion)
 
 
-# The strict reading: lm-eval-harness's GSM8K "strict-match" pattern, plus an optional "$".
+# The format-aware reading's fallback: a number after '####', with an optional "$".
 _HASHES = re.compile(r"####\s*\$?(-?[0-9.,]+)")
 
 
@@ -59,9 +60,44 @@ def extract_strict_number(completion: str) -> str | None:
     return _normalize_number(found[-1]) if found else None
 
 
-def extract_last_number(completion: str) -> str | None:
-    """The lenient reading: the last number anywhere in the text, whatever the format."""
-    return _last_number(completion)
+# lm-evaluation-harness's GSM8K task (lm_eval/tasks/gsm8k/gsm8k.yaml, main of August 2026): its
+# RegexFilter (lm_eval/filters/extraction.py) with the task's patterns, then take_first of one
+# response, then exact_match (lm_eval/api/metrics.py) with the task's regexes_to_ignore, applied
+# in order to prediction and reference alike, and ignore_case: a string comparison, not a numeric one.
+LM_EVAL_INVALID = "[invalid]"  # RegexFilter's fallback when nothing matches
+_LM_EVAL_STRICT = re.compile(r"#### (\-?[0-9\.\,]+)")  # strict-match, group_select 0: the first
+_LM_EVAL_FLEXIBLE = re.compile(r"(-?[$0-9.,]{2,})|(-?[0-9]+)")  # flexible-extract, group_select -1: the last
+_LM_EVAL_IGNORE = (",", r"\$", r"(?s).*#### ", r"\.$")
+
+
+def _regex_filter(pattern: re.Pattern, group_select: int, text: str) -> str:
+    """RegexFilter: match number group_select of findall, of a tuple its first non-empty group,
+    stripped; the fallback when nothing matches."""
+    found = pattern.findall(text)
+    if not found:
+        return LM_EVAL_INVALID
+    match = found[group_select]
+    if isinstance(match, tuple):
+        match = next((g for g in match if g), LM_EVAL_INVALID)
+    return match.strip()
+
+
+def lm_eval_strict_match(completion: str) -> str:
+    """lm-eval's GSM8K strict-match: N of the first '#### N' (N of '-0-9.,'), else '[invalid]'."""
+    return _regex_filter(_LM_EVAL_STRICT, 0, completion)
+
+
+def lm_eval_flexible_extract(completion: str) -> str:
+    """lm-eval's GSM8K flexible-extract: the LAST run of 2+ of '$0-9.,' or integer, else '[invalid]'."""
+    return _regex_filter(_LM_EVAL_FLEXIBLE, -1, completion)
+
+
+def lm_eval_exact_match(prediction: str, reference: str) -> bool:
+    """lm-eval's exact_match for GSM8K: both strings stripped of ',', '$', everything up to the
+    last '#### ' and a final '.', then compared lower-cased ('72.0' is not '72')."""
+    for pattern in _LM_EVAL_IGNORE:
+        prediction, reference = re.sub(pattern, "", prediction), re.sub(pattern, "", reference)
+    return prediction.lower() == reference.lower()
 
 
 def _same_number(a: str | None, b: str | None) -> bool:

@@ -12,7 +12,8 @@ tested on hand-made metric sequences. The keys are `[logging]`'s `warn_*`; 0 tur
   reward's mean rose by at least FORMAT_RISE from the first W to the last W, while the
   correctness reward's rose by less than FLAT: the policy learns the form, not the answers.
 - train_up_eval_down: at an evaluation ([eval] every > 0), the held-out score (`eval/accuracy`,
-  else `eval/reward`) fell by at least `warn_eval_drop` from the previous evaluation, while the
+  else `eval/reward`) fell from the previous evaluation by more than `warn_eval_drop_se` standard
+  errors of the difference, sqrt(se0^2 + se1^2) from the eval's own `_stderr` metrics, while the
   mean training reward of the steps since that evaluation is above that of as many steps before it.
 - unmoved_tensors: `params/unmoved_tensors` > 0, from update/movement.py's check after
   `warn_unmoved_after` optimizer updates: some trainable tensor has not changed in a single bit.
@@ -54,24 +55,36 @@ def format_without_correctness(formats: dict[str, list[float]], correct: list[fl
     return None
 
 
-def train_up_eval_down(rewards: dict[int, float], evals: list[tuple[int, float]], drop: float,
+# k = 2 standard errors of the difference: a policy whose held-out score has not really changed
+# drops by more than that about 2% of the time (one-sided, normal approximation), and the
+# training reward must also have risen. On the 200 held-out arithmetic questions at accuracy
+# 0.57 the SE is sqrt(0.57 * 0.43 / 200) = 0.035 per evaluation, 0.049 for the difference, so
+# k = 2 means a drop of 0.099; the fixed 0.02 used before was 0.4 SE, crossed by noise alone
+# about a third of the time. Both evaluations score the same prompts, so the difference's real
+# noise is below this unpaired sqrt(se0^2 + se1^2): the tripwire errs toward staying quiet.
+EVAL_DROP_SE = 2.0
+
+
+def train_up_eval_down(rewards: dict[int, float], evals: list[tuple[int, float, float]], k: float,
                        key: str = "eval") -> str | None:
-    """rewards: step -> training reward; evals: the (step, score) of each evaluation so far.
-    Judged at the last evaluation (step s1) against the one before (s0): the score fell by at
-    least `drop` and the mean reward of steps (s0, s1] is above that of steps (s0 - n, s0], n = s1 - s0."""
-    if len(evals) < 2 or drop <= 0:
+    """rewards: step -> training reward; evals: the (step, score, standard error) of each
+    evaluation so far. Judged at the last evaluation (step s1) against the one before (s0): the
+    score fell by more than k * sqrt(se0^2 + se1^2) and the mean reward of steps (s0, s1] is
+    above that of steps (s0 - n, s0], n = s1 - s0."""
+    if len(evals) < 2 or k <= 0:
         return None
-    (s0, e0), (s1, e1) = evals[-2], evals[-1]
-    n = s1 - s0
+    (s0, e0, se0), (s1, e1, se1) = evals[-2], evals[-1]
+    n, se = s1 - s0, (se0 ** 2 + se1 ** 2) ** 0.5
     after = [r for s, r in rewards.items() if s0 < s <= s1]
     before = [r for s, r in rewards.items() if s0 - n < s <= s0]
-    if not before or not after or e0 - e1 < drop:
+    if not before or not after or e0 - e1 <= k * se:
         return None
     up = sum(after) / len(after) - sum(before) / len(before)
     if up <= 0:
         return None
-    return (f"{key} fell from {e0:.3f} at step {s0} to {e1:.3f} at step {s1} while the training reward rose by "
-            f"{up:.3f}: the policy fits the training prompts, not the task")
+    return (f"{key} fell from {e0:.3f} at step {s0} to {e1:.3f} at step {s1}, {(e0 - e1) / se:.1f} standard errors "
+            f"({se:.3f}) of the difference, while the training reward rose by {up:.3f}: the policy fits the "
+            "training prompts, not the task")
 
 
 @dataclass
@@ -82,7 +95,7 @@ class Tripwires(PrintedOnce):
 
     truncated_rewarded: float = 0.1
     format_window: int = 20
-    eval_drop: float = 0.02
+    eval_drop_se: float = EVAL_DROP_SE
     counts: dict[str, int] = field(default_factory=dict)
     first_step: dict[str, int] = field(default_factory=dict)
 
@@ -93,7 +106,7 @@ class Tripwires(PrintedOnce):
     @classmethod
     def from_config(cls, logging_cfg) -> "Tripwires":
         c = logging_cfg
-        return cls(c.warn_truncated_rewarded, c.warn_format_window, c.warn_eval_drop)
+        return cls(c.warn_truncated_rewarded, c.warn_format_window, c.warn_eval_drop_se)
 
     def _checks(self, m: dict):
         share = m.get("completions/clipped_rewarded_ratio")
@@ -127,7 +140,7 @@ class Tripwires(PrintedOnce):
             return None
         self._rewards[m["step"]] = m["reward"]
         key = "eval/accuracy" if "eval/accuracy" in m else "eval/reward"
-        if key not in m:
+        if key not in m or f"{key}_stderr" not in m:
             return None
-        self._evals.append((m["step"], m[key]))
-        return train_up_eval_down(self._rewards, self._evals, self.eval_drop, key)
+        self._evals.append((m["step"], m[key], m[f"{key}_stderr"]))
+        return train_up_eval_down(self._rewards, self._evals, self.eval_drop_se, key)

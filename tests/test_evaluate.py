@@ -10,10 +10,8 @@ import pytest
 
 from mlx_grpo.cli import main
 from mlx_grpo.config import load_config
-from mlx_grpo.commands.evaluate import (
-    EvalSettings, evaluate, format_table, is_gsm8k_style, load_eval_examples, make_training_eval, number_metrics,
-    rouge_metrics,
-)
+from mlx_grpo.commands.evaluate import EvalSettings, evaluate, format_table, load_eval_examples, make_training_eval
+from mlx_grpo.rewards.task_metrics import is_gsm8k_style, number_metrics, rouge_metrics
 from mlx_grpo.run.log import read_metrics
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.commands.train import train

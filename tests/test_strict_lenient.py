@@ -5,7 +5,8 @@ import json
 
 import pytest
 
-from mlx_grpo.commands.evaluate import EvalSettings, accuracy_metrics, evaluate, format_table, load_eval_examples
+from mlx_grpo.commands.evaluate import EvalSettings, evaluate, format_table, load_eval_examples
+from mlx_grpo.rewards.task_metrics import accuracy_metrics
 from mlx_grpo.config import load_config
 from mlx_grpo.rewards import (
     RewardSet, extract_strict_number, lm_eval_exact_match, lm_eval_flexible_extract, lm_eval_strict_match,

@@ -19,9 +19,7 @@ Identical (question, answer) rows are scored once, so a cycled split does not co
 that is not a run, and never replaces an earlier file unless told to (`output_path`).
 """
 
-from collections import Counter
 from dataclasses import dataclass
-from decimal import Decimal
 import json
 from pathlib import Path
 import re
@@ -33,10 +31,7 @@ from tqdm import tqdm
 from mlx_grpo.commands.args import add_model_args, add_progress_arg, number_at_least, seed_number
 from mlx_grpo.errors import UserError
 from mlx_grpo.data.load import load_examples
-from mlx_grpo.rewards import (
-    ROUGE_TYPES, extract_predicted_number, extract_reference_number, extract_strict_number, lm_eval_exact_match,
-    lm_eval_flexible_extract, lm_eval_strict_match, rouge_scorer,
-)
+from mlx_grpo.rewards.task_metrics import accuracy_metrics, is_gsm8k_style, number_metrics, rouge_metrics
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.run.console import cap_width, show_bar
 from mlx_grpo.run.guard import check_replaceable
@@ -94,54 +89,6 @@ def _decode(model, tokenizer, examples, k: int, sampler, settings, bar) -> list[
         texts += [rollout.texts[i * k:(i + 1) * k] for i in range(len(chunk))]
         bar.update(len(chunk))
     return texts
-
-
-def is_gsm8k_style(answers) -> bool:
-    return bool(answers) and all(
-        isinstance(a, str) and "####" in a and extract_reference_number(a) is not None for a in answers
-    )
-
-
-def number_metrics(samples: list[list[str]], answers: list[str]) -> dict:
-    """maj@K and pass@K over K sampled completions per prompt (see the module docstring)."""
-    k = len(samples[0])
-    majority, any_right = [], []
-    for texts, answer in zip(samples, answers):
-        ref = extract_reference_number(answer)
-        preds = [p for p in map(extract_predicted_number, texts) if p is not None]
-        right = [Decimal(p) == Decimal(ref) for p in preds]
-        # Votes count numbers by value ("7" and "7.0" agree); ties go to the first one sampled.
-        votes = Counter(Decimal(p).normalize() for p in preds)
-        majority.append(bool(votes) and votes.most_common(1)[0][0] == Decimal(ref))
-        any_right.append(any(right))
-    return {f"maj@{k}": float(np.mean(majority)), f"pass@{k}": float(np.mean(any_right))}
-
-
-def _same_number(read):
-    """A judge (completion, answer) -> bool: read's number equals the reference's numerically."""
-    def judge(completion, answer):
-        p, r = read(completion), extract_reference_number(answer)
-        return p is not None and Decimal(p) == Decimal(r)
-    return judge
-
-
-def _lm_eval(extract):
-    """A judge as lm-eval's GSM8K task judges: its filter, then exact_match against the whole answer."""
-    return lambda completion, answer: lm_eval_exact_match(extract(completion), answer)
-
-
-READINGS = {"accuracy": _same_number(extract_predicted_number), "accuracy_format": _same_number(extract_strict_number),
-            "accuracy_strict": _lm_eval(lm_eval_strict_match), "accuracy_lenient": _lm_eval(lm_eval_flexible_extract)}
-
-
-def accuracy_metrics(completions: list[str], answers: list[str]) -> dict:
-    """The share of completions that are right, under each reading of READINGS."""
-    return {key: float(np.mean([judge(c, a) for c, a in zip(completions, answers)])) for key, judge in READINGS.items()}
-
-
-def rouge_metrics(completions: list[str], answers: list[str]) -> dict:
-    scores = [rouge_scorer().score(a or "", c.strip()) for c, a in zip(completions, answers)]
-    return {k: float(np.mean([s[k].fmeasure for s in scores])) for k in ROUGE_TYPES}
 
 
 def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, progress: bool = True) -> dict:

@@ -22,6 +22,7 @@ COMMANDS = {  # name: (module, one-line help)
              "predict the peak memory of each phase of a profile (no weights loaded); exit 1 if it does not fit"),
     "bench": ("mlx_grpo.commands.bench",
               "seconds per step against MLX's own limit on the same work (see scripts/bench.py)"),
+    "config": ("mlx_grpo.commands.config", "print a profile with every default filled in, or the reference of every key"),
     "launch": ("mlx_grpo.commands.launch", "mlx.launch that fails when a rank fails: launch -n 2 -- mlx-grpo train ..."),
 }
 

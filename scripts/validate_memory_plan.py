@@ -68,16 +68,18 @@ def predicted(model: str, sets: list[str], longest_completion: int) -> float:
     return plan(cfg)["peak_gb"]
 
 
-def table(models: list[str], configs: dict = CONFIGS, paths=PATHS) -> list[dict]:
+def table(models: list[str], configs: dict = CONFIGS, paths=PATHS, jobs: int = 1) -> list[dict]:
+    """Each config on each path, trained and planned; `jobs` runs train side by side (each in its
+    own process, so each measures only its own peak)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    runs = [(model, i, name, [*sets, f"training.shared_prefix={shared}"], shared == "true")
+            for model in models for i, (name, sets) in enumerate(configs.items()) for shared in paths]
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        for model in models:
-            for i, (name, sets) in enumerate(configs.items()):
-                for shared in paths:
-                    run_sets = [*sets, f"training.shared_prefix={shared}"]
-                    peak, longest = measured(model, run_sets, Path(tmp) / f"{model}{i}{shared}")
-                    pred = predicted(model, run_sets, longest)
-                    rows.append(_row(model, name, shared == "true", pred, peak, longest))
+    with tempfile.TemporaryDirectory() as tmp, ThreadPoolExecutor(jobs) as pool:
+        results = pool.map(lambda r: measured(r[0], r[3], Path(tmp) / f"{r[0]}{r[1]}{r[4]}"), runs)
+        for (model, _, name, run_sets, shared), (peak, longest) in zip(runs, results):
+            rows.append(_row(model, name, shared, predicted(model, run_sets, longest), peak, longest))
     return rows
 
 

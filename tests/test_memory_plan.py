@@ -81,11 +81,11 @@ def test_train_refuses_before_loading_any_weight(tmp_path, capsys, monkeypatch):
 
 def test_predictions_within_15_percent_of_real_runs_on_tiny():
     """The short-prompt configs on both update paths, padded and shared-prefix (2-step runs, ~4 s
-    each); scripts/validate_memory_plan.py adds the long-prompt ones and builtin:small."""
+    each, two at a time); scripts/validate_memory_plan.py adds the long-prompt ones and builtin:small."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
     from validate_memory_plan import CONFIGS, table
 
-    rows = table(["tiny"], {k: v for k, v in CONFIGS.items() if "long" not in k})
+    rows = table(["tiny"], {k: v for k, v in CONFIGS.items() if "long" not in k}, jobs=2)
     assert len(rows) >= 12 and {r["shared_prefix"] for r in rows} == {False, True}
     worst = max(rows, key=lambda r: abs(r["error"]))
     assert abs(worst["error"]) <= 0.15, worst

@@ -52,6 +52,50 @@ def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(
                 pass
 
 
+FORKS_A_WORKER = """\
+import os, time
+
+def r(prompts, completions, answers, **kw):
+    # In step 2: fork a worker that outlives the run, then wait here to be SIGKILLed.
+    if os.path.exists({checkpoint!r}) and not os.path.exists({pid_file!r}):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(300)
+            os._exit(0)
+        with open({pid_file!r} + ".tmp", "w") as f:
+            f.write(str(pid))
+        os.rename({pid_file!r} + ".tmp", {pid_file!r})
+        time.sleep(300)
+    return [0.0] * len(completions)
+"""
+
+
+def test_a_child_the_run_forked_does_not_hold_the_lock_after_a_sigkill(tmp_path, capsys):
+    out, pid_file = tmp_path / "run", tmp_path / "worker.pid"
+    checkpoint = out / "checkpoints" / "step_000001" / "checkpoint_manifest.json"
+    (tmp_path / "forks.py").write_text(FORKS_A_WORKER.format(checkpoint=str(checkpoint), pid_file=str(pid_file)))
+    args = ["--config", SMOKE, *_sets(out, 2), "--set", f'rewards=[{{name="{tmp_path / "forks.py"}:r", weight=1.0}}]']
+    worker = None
+    with open(tmp_path / "log", "w") as log:  # not a pipe: the worker keeps a copy of it open
+        run = subprocess.Popen([sys.executable, "-m", "mlx_grpo", *args], stdout=log, stderr=log)
+    try:
+        while not pid_file.exists() and run.poll() is None:
+            time.sleep(0.05)
+        assert pid_file.exists(), (tmp_path / "log").read_text()[-3000:]
+        worker = int(pid_file.read_text())
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        os.kill(worker, 0)  # the worker is alive, holding the run's open files
+        capsys.readouterr()
+        assert cli.main([*args, "--resume"]) == 0, capsys.readouterr().err
+        assert "resumed from" in capsys.readouterr().out
+        os.kill(worker, 0)  # still alive: the resume did not wait for it
+    finally:
+        run.kill()
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
+
+
 # --- metrics.jsonl on resume ------------------------------------------------------------------
 
 def test_resume_keeps_every_readable_row_and_moves_damaged_lines_aside(tmp_path):

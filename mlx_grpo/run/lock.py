@@ -1,8 +1,12 @@
 """One process per run folder: an OS lock on `<output_dir>/.lock`, held while a run trains.
 
-`fcntl.flock` locks belong to the open file, so the kernel drops them when the process ends,
-however it ends (a SIGKILL included): a stale lock file never blocks a later run. The file
-keeps the holder's PID and host, for the message a second process gets.
+The lock is a POSIX record lock (`fcntl.lockf`), which belongs to the process that took it:
+the kernel drops it when that process ends, however it ends (a SIGKILL included), and a child
+the run forks (a reward function that starts a worker) does not inherit it, so a child that
+outlives a killed run never keeps `--resume` out. (`flock` and OFD locks would follow the open
+file into such a child.) A record lock does not conflict with its own process, so this module
+also refuses a second lock of the same folder here. The file keeps the holder's PID and host,
+for the message a second process gets.
 """
 
 from contextlib import contextmanager
@@ -13,6 +17,8 @@ import socket
 
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.run.layout import LOCK
+
+_HELD: set[tuple[int, int]] = set()  # (device, inode) of the lock files this process holds
 
 
 class RunFolderBusy(TrainingError):
@@ -25,6 +31,22 @@ def _holder(fd: int) -> str:
     return f"PID {text[0]} on {text[1]}" if len(text) >= 2 else "another process"
 
 
+def _take(fd: int, out: Path) -> tuple[int, int]:
+    stat = os.fstat(fd)
+    key = (stat.st_dev, stat.st_ino)
+    try:
+        if key in _HELD:
+            raise BlockingIOError
+        fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except (BlockingIOError, PermissionError):  # EAGAIN or EACCES, as the system reports a held lock
+        raise RunFolderBusy(
+            f"output_dir: {out} is in use by {_holder(fd)} (lock {out / LOCK}); "
+            "wait for that run to end or choose another output_dir"
+        ) from None
+    _HELD.add(key)
+    return key
+
+
 @contextmanager
 def lock_run_folder(output_dir):
     """Hold `<output_dir>/.lock` for the block; raise RunFolderBusy at once if it is taken."""
@@ -32,24 +54,20 @@ def lock_run_folder(output_dir):
     created = not out.exists()
     out.mkdir(parents=True, exist_ok=True)
     fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
-    locked = False
+    key = None
     try:
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            raise RunFolderBusy(
-                f"output_dir: {out} is in use by {_holder(fd)} (lock {out / LOCK}); "
-                "wait for that run to end or choose another output_dir"
-            ) from None
-        locked = True
+        key = _take(fd, out)
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
         # A run that stopped before writing anything leaves no folder behind if it made it.
-        untouched = locked and created and [p.name for p in out.iterdir()] == [LOCK]
+        untouched = key is not None and created and [p.name for p in out.iterdir()] == [LOCK]
         if untouched:
             (out / LOCK).unlink()
-        os.close(fd)  # releases the lock; otherwise the file stays, a released lock is harmless
+        # Closing releases the lock (a record lock goes with any close of the file in this
+        # process; nothing else here opens it). The file stays: a released lock is harmless.
+        os.close(fd)
+        _HELD.discard(key)
         if untouched:
             out.rmdir()

@@ -218,17 +218,82 @@ def test_resume_with_no_intact_checkpoint_is_one_line(tmp_path, three_steps, cap
     _one_line_error(capsys, "no intact checkpoint", "step_000003: model.safetensors has 0 bytes", "--overwrite")
 
 
-def test_an_unverified_old_checkpoint_that_does_not_load_is_one_line(tmp_path, three_steps, capsys):
-    """A checkpoint from before manifests: accepted if its state parses, checked by loading."""
+def _resumes_exactly_from_step_2(out, three_steps):
+    import mlx.core as mx
+
+    from mlx_grpo.run.log import read_metrics
+
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert strip(read_metrics(out)) == strip(read_metrics(three_steps))
+    a = mx.load(str(out / "checkpoints" / "step_000003" / "model.safetensors"))
+    b = mx.load(str(three_steps / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+MANIFEST_DAMAGE = {  # what is done to the newest checkpoint's manifest
+    "missing": lambda p: p.unlink(),
+    "empty": lambda p: p.write_text(""),
+    "null": lambda p: p.write_text("null"),
+    "no files": lambda p: p.write_text("{}"),
+}
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE)
+def test_a_newest_checkpoint_without_a_usable_manifest_and_truncated_weights_is_skipped(tmp_path, three_steps,
+                                                                                      capsys, damage):
+    """Never the advice to pass --overwrite, which would delete the two intact checkpoints."""
     import shutil
 
     out = tmp_path / "run"
     shutil.copytree(three_steps, out)
     ckpt = out / "checkpoints" / "step_000003"
-    (ckpt / "checkpoint_manifest.json").unlink()
+    MANIFEST_DAMAGE[damage](ckpt / "checkpoint_manifest.json")
     _truncate(ckpt / "model.safetensors")
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    printed = capsys.readouterr()
+    assert "damaged checkpoint(s) skipped: step_000003: checkpoint_manifest.json " in printed.err
+    assert "resuming from step_000002" in printed.err
+    assert "--overwrite" not in printed.out + printed.err
+    _resumes_exactly_from_step_2(out, three_steps)
+
+
+def test_a_checkpoint_from_before_manifests_with_truncated_weights_is_skipped(tmp_path, three_steps, capsys):
+    """A run written before manifests: its checkpoints are trusted when their weights files are whole."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "checkpoint_manifest.json").unlink()
+    weights = out / "checkpoints" / "step_000003" / "model.safetensors"
+    size = weights.stat().st_size
+    _truncate(weights)
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert (f"step_000003: checkpoint_manifest.json is missing and model.safetensors has {size // 2} bytes, "
+            f"its header needs {size}; resuming from step_000002") in err
+    _resumes_exactly_from_step_2(out, three_steps)
+
+
+def test_an_old_checkpoint_that_does_not_load_names_the_one_before_it_not_overwrite(tmp_path, three_steps, capsys):
+    """Whole weights files that do not fit the model (a tensor left out): found only by loading."""
+    import shutil
+
+    import mlx.core as mx
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "checkpoint_manifest.json").unlink()
+    weights = out / "checkpoints" / "step_000003" / "model.safetensors"
+    tensors = mx.load(str(weights))
+    mx.save_safetensors(str(weights), dict(list(tensors.items())[1:]))
     assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
-    _one_line_error(capsys, "cannot load", "step_000003")
+    line = _one_line_error(capsys, "cannot load", "step_000003",
+                           f"move it out of {out / 'checkpoints'} to resume from step_000002")
+    assert "--overwrite" not in line
 
 
 def test_resume_with_max_steps_below_the_checkpoint_is_one_line(tmp_path, three_steps, capsys):

@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.run.checkpoint import checkpoint_damage, load_optimizer_state
+from mlx_grpo.run.checkpoint import load_optimizer_state, newest_intact
 from mlx_grpo.run.layout import (
     ADAPTER_WEIGHTS, CHECKPOINTS, CONFIG, METRICS, RUN_FILES, TRAINER_STATE, checkpoint_dir, list_checkpoints,
     read_trainer_state,
@@ -90,17 +90,13 @@ def _check_same_run(cfg, config_file: Path, force: bool) -> None:
 def newest_intact_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint whose files are as written; each damaged newer one is named in a
     warning. Raises when checkpoints exist but none is intact."""
-    found = list_checkpoints(out)
-    damaged = []
-    for ckpt in reversed(found):
-        problem = checkpoint_damage(ckpt)
-        if problem is None:
-            if damaged:
-                print(f"mlx-grpo: warning: damaged checkpoint(s) skipped: {'; '.join(damaged)}; "
-                      f"resuming from {ckpt.name}", file=sys.stderr)
-            return ckpt
-        damaged.append(f"{ckpt.name}: {problem}")
-    if damaged:
+    ckpt, damaged = newest_intact(out)
+    if ckpt is not None:
+        if damaged:
+            print(f"mlx-grpo: warning: damaged checkpoint(s) skipped: {'; '.join(damaged)}; "
+                  f"resuming from {ckpt.name}", file=sys.stderr)
+        return ckpt
+    if damaged:  # --overwrite deletes no intact checkpoint here: there is none
         raise TrainingError(f"checkpoint.resume: no intact checkpoint in {out / CHECKPOINTS} "
                             f"({'; '.join(damaged)}); pass --overwrite to start over")
     return None
@@ -159,7 +155,16 @@ def restore_training_state(point: ResumePoint, model, optimizer, lora: bool) -> 
         mx.eval(model.parameters(), optimizer.state)
     except (OSError, RuntimeError, ValueError) as e:
         raise TrainingError(f"checkpoint.resume: cannot load {point.checkpoint} ({' '.join(str(e).split())}); "
-                            "pass --overwrite to start over") from e
+                            f"{_without(point.checkpoint)}") from e
+
+
+def _without(ckpt: Path) -> str:
+    """What to do about a checkpoint that does not load: never --overwrite while an earlier
+    checkpoint could still be resumed from, as it would delete that one too."""
+    earlier = [c for c in list_checkpoints(ckpt.parent.parent) if c.name < ckpt.name]
+    if not earlier:
+        return "pass --overwrite to start over"
+    return f"move it out of {ckpt.parent} to resume from {earlier[-1].name}, the checkpoint before it"
 
 
 def share_resume_point(start: ResumePoint | None, output_dir, world) -> ResumePoint | None:

@@ -76,8 +76,11 @@ def test_a_child_the_run_forked_does_not_hold_the_lock_after_a_sigkill(tmp_path,
     (tmp_path / "forks.py").write_text(FORKS_A_WORKER.format(checkpoint=str(checkpoint), pid_file=str(pid_file)))
     args = ["--config", SMOKE, *_sets(out, 2), "--set", f'rewards=[{{name="{tmp_path / "forks.py"}:r", weight=1.0}}]']
     worker = None
+    # A preloaded multi-threaded OpenBLAS joins its threads before a fork, which hung 1 fork in 3
+    # here; with one thread it has none to join.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
     with open(tmp_path / "log", "w") as log:  # not a pipe: the worker keeps a copy of it open
-        run = subprocess.Popen([sys.executable, "-m", "mlx_grpo", *args], stdout=log, stderr=log)
+        run = subprocess.Popen([sys.executable, "-m", "mlx_grpo", *args], stdout=log, stderr=log, env=env)
     try:
         while not pid_file.exists() and run.poll() is None:
             time.sleep(0.05)

@@ -176,8 +176,11 @@ def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Se
         _merge(cfg, config_to_dict(profile), "", "config")
     elif isinstance(profile, dict):
         _merge(cfg, profile, "", "config")
-    elif profile is not None:
+    elif isinstance(profile, (str, os.PathLike)):
         _merge(cfg, _read_profile(profile), "", str(profile))
+    elif profile is not None:  # never open(int): that is a file descriptor, closed after reading
+        raise ConfigError(f"profile: expected a TOML file's path, a dict or a Config, got "
+                          f"{type(profile).__name__} {profile!r:.60}")
     for item in overrides:
         _merge(cfg, _parse_override(item), "", f"--set {item}")
     for key, value in (keywords or {}).items():

@@ -135,6 +135,23 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes_exactly_with_lora(tmp_
     assert train(done) == out / final and _metrics(out) == _metrics(tmp_path / "ref")
 
 
+@pytest.mark.parametrize("after", [1, 3])
+def test_the_unmoved_tensor_check_of_a_resumed_run_is_the_uninterrupted_runs(tmp_path, signal_at_step, after):
+    """Stopped after step 2: the check made at step 1 is not made again; the one due at step 3
+    (3 updates after the run's start, against the weights as it started) is made at step 3."""
+    steps, check = 4, [f"logging.warn_unmoved_after={after}"]
+    train(load_config(SMOKE, _sets(tmp_path / "ref", steps, *check)[1::2]))
+    assert [r["step"] for r in read_metrics(tmp_path / "ref") if "params/unmoved_tensors" in r] == [after]
+
+    out = tmp_path / "stopped"
+    signal_at_step(signal.SIGINT, at=2)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *check)]) == 130
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    signal_at_step(signal.SIGINT, at=0)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *check), "--resume"]) == 0
+    assert _metrics(out) == _metrics(tmp_path / "ref")
+
+
 def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsys, monkeypatch):
     from mlx_grpo.run import stopping
 

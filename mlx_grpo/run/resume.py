@@ -3,7 +3,8 @@ and putting a checkpoint's state back so the resumed run repeats the uninterrupt
 
 The state a checkpoint restores: the trainable weights (full model or adapters), the
 optimizer state (its `step` drives the learning-rate schedule), the data position, the
-count of skipped bad steps, and the MLX, NumPy and Python PRNG states. The resolved config
+count of skipped bad steps, the MLX, NumPy and Python PRNG states, and the unmoved-tensor
+check's start (update/movement.py). The resolved config
 is compared key by key with the run's; any difference except `training.max_steps`, the
 `[logging]` section, `checkpoint.resume` and `output_dir` (where the run is, not what it
 is) stops the resume unless forced.
@@ -35,12 +36,14 @@ class ResumePoint:
     data_position: int
     bad_steps: int
     rng: dict
+    movement: dict | None = None  # update/movement.py's check, when the run has one
 
     @classmethod
     def read(cls, checkpoint: Path) -> "ResumePoint":
         """The state a checkpoint folder holds, from its trainer_state.json."""
         state = read_trainer_state(checkpoint)
-        return cls(checkpoint, state["step"], state["data_position"], state["bad_steps"], state["rng"])
+        return cls(checkpoint, state["step"], state["data_position"], state["bad_steps"], state["rng"],
+                   state.get("movement"))
 
 
 def _flat(table: dict, prefix: str = "") -> dict:

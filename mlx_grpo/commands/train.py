@@ -86,7 +86,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
     stream = prompt_stream(tr.examples, groups, cfg, start)
-    log = StepLog(cfg, fresh=start is None) if world.is_main else None
+    log = StepLog(cfg, first=start.step + 1 if start else 1) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
     memory_first(cfg, tr, world)  # a run that cannot hold its longest samples stops here, not at step 600
@@ -264,14 +264,15 @@ class StepLog:
     """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console,
     the live warnings and the tripwires."""
 
-    def __init__(self, cfg, fresh: bool):
+    def __init__(self, cfg, first: int):
         out = self.out = Path(cfg.output_dir)
+        fresh = first == 1
         self.started = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
         self.watchers = (RunWatcher.from_config(cfg.logging), Tripwires.from_config(cfg.logging))
-        self.trackers = Trackers(cfg, say)  # logging.report_to: each gets what metrics.jsonl gets
+        self.trackers = Trackers(cfg, say, first)  # logging.report_to: each gets what metrics.jsonl gets
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
 
     def write(self, metrics: dict, drawn, console: Console, trained: bool) -> None:

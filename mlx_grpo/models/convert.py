@@ -19,12 +19,17 @@ DTYPES = ("float16", "bfloat16", "float32")
 
 @contextmanager
 def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--mlx-path"):
-    """Yield a fresh temporary folder that becomes `dst` when the block succeeds."""
+    """Yield a fresh temporary folder that becomes `dst` when the block succeeds.
+
+    The folder is `.<name>.tmp<pid>` beside `dst`; one left by a process that no longer runs
+    (a SIGKILL, a power cut), the size of a model, is removed first.
+    """
     dst = Path(dst).expanduser()
     if dst.exists() and not dst.is_dir():
         raise ModelError(f"{flag} {dst}: exists and is not a folder")
     if dst.is_dir() and any(dst.iterdir()) and not force:
         raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+    _remove_abandoned(dst)
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -35,6 +40,23 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
         tmp.rename(dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_abandoned(dst: Path) -> None:
+    """Remove the temporary folders of earlier writes of `dst` whose process has ended."""
+    if not dst.parent.is_dir():
+        return
+    prefix = f".{dst.name}.tmp"
+    for old in dst.parent.iterdir():
+        pid = old.name[len(prefix):]
+        if not (old.name.startswith(prefix) and pid.isdigit() and old.is_dir()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # that write ended without cleaning up
+            shutil.rmtree(old, ignore_errors=True)
+        except PermissionError:  # a live process of another user
+            pass
 
 
 def quiet_convert(*args, **kwargs):

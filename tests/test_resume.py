@@ -164,6 +164,31 @@ def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsy
     assert state["step"] == 1 and state["data_position"] == 2 and len(state["rng"]["mlx"]) == 2
 
 
+CTRL_C_WHEN_IMPORTING = """\
+import importlib.abc, os, runpy, signal, sys
+
+MODULE = sys.argv[1]
+
+class CtrlC(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:  # Ctrl-C as that module starts loading
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["mlx-grpo", *sys.argv[2:]]
+runpy.run_module("mlx_grpo", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["numpy", "mlx.core", "mlx_lm", "transformers"])
+def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path, module):
+    """The first second or so of `mlx-grpo train` imports MLX and mlx-lm: a Ctrl-C there was a traceback."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHEN_IMPORTING, module, "train", "--config",
+                           str(tmp_path / "none.toml")], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "mlx-grpo: interrupted\n")
+
+
 def test_second_ctrl_c_ends_the_process_at_once(tmp_path):
     script = (
         "import sys, time\n"

@@ -324,9 +324,65 @@ def test_commands_on_a_damaged_checkpoint_give_one_line_naming_the_file(tmp_path
     out = tmp_path / "run"
     shutil.copytree(three_steps, out)
     _truncate(out / "checkpoints" / "step_000003" / name)
-    assert cli.main(COMMANDS[command](str(out), tmp_path)) == 2
+    assert cli.main(COMMANDS[command](str(out / "checkpoints" / "step_000003"), tmp_path)) == 2
     _one_line_error(capsys, "step_000003 is damaged", name)
     assert not (tmp_path / "exported").exists()
+
+
+def test_commands_on_a_run_skip_its_damaged_newest_checkpoint_naming_it(tmp_path, three_steps, capsys):
+    import shutil
+
+    from mlx_grpo.models.named import load_model
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    _truncate(out / "checkpoints" / "step_000003" / "model.safetensors")
+    assert load_model(str(out)).checkpoint == out / "checkpoints" / "step_000002"
+    assert "damaged checkpoint(s) skipped: step_000003: model.safetensors has" in capsys.readouterr().err
+    assert cli.main(COMMANDS["generate"](str(out), tmp_path)) == 0
+    assert "; using step_000002" in capsys.readouterr().err
+
+
+def _train_and_prune(out):
+    """What a run training in `out` does: write step 4, then prune to keep_last = 1."""
+    import shutil
+
+    ckpts = out / "checkpoints"
+    shutil.copytree(ckpts / "step_000003", ckpts / "step_000004.tmp")
+    (ckpts / "step_000004.tmp").rename(ckpts / "step_000004")
+    for step in (1, 2, 3):
+        shutil.rmtree(ckpts / f"step_00000{step}")
+
+
+@pytest.mark.parametrize("when", ["checking", "loading"])
+def test_generate_on_a_run_that_prunes_the_checkpoint_being_read_reads_the_newest(tmp_path, three_steps, capsys,
+                                                                                monkeypatch, when):
+    """Before: an error saying the pruned checkpoint was damaged, or could not be loaded."""
+    import shutil
+
+    import mlx_lm
+
+    import mlx_grpo.run.checkpoint as checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    module, name = (checkpoint, "_sha256") if when == "checking" else (mlx_lm, "load")
+    real, calls = getattr(module, name), []
+
+    def racing(*args, **kwargs):
+        if not calls:
+            _train_and_prune(out)
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, racing)
+    capsys.readouterr()
+    assert cli.main(COMMANDS["generate"](str(out), tmp_path)) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "mlx-grpo: error" not in err and "damaged" not in err, err
+    from mlx_grpo.models.named import load_model
+
+    assert load_model(str(out)).checkpoint == out / "checkpoints" / "step_000004"
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -138,9 +138,9 @@ def checkpoint_damage(folder) -> str | None:
         return f"{MANIFEST} is unreadable ({e})"
     if not isinstance(manifest, dict) or TRAINER_STATE not in manifest:
         return f"{MANIFEST} is unreadable (not a manifest: {text[:40]!r})"
-    try:
-        for name, entry in manifest.items():
-            path = folder / name
+    for name, entry in manifest.items():
+        path = folder / name
+        try:
             if not path.is_file():
                 return f"{name} is missing"
             size = path.stat().st_size
@@ -148,8 +148,12 @@ def checkpoint_damage(folder) -> str | None:
                 return f"{name} has {size} bytes, {entry['size']} were written"
             if _sha256(path) != entry["sha256"]:
                 return f"{name} differs from what was written (sha256)"
-    except (AttributeError, KeyError, TypeError):
-        return f"{MANIFEST} is unreadable (not a manifest)"
+        except FileNotFoundError:  # removed while it was read (a run pruning its checkpoints)
+            return f"{name} is missing"
+        except OSError as e:
+            return f"{name} is unreadable ({e.strerror})"
+        except (AttributeError, KeyError, TypeError):
+            return f"{MANIFEST} is unreadable (not a manifest)"
     return None
 
 
@@ -189,8 +193,8 @@ def _safetensors_damage(path: Path) -> str | None:
 
 def newest_intact(output_dir) -> tuple[Path | None, list[str]]:
     """The newest checkpoint of a run whose files are as written, or None, and `step_N: problem`
-    for each newer one that is damaged. A checkpoint without a manifest is damaged when an older
-    one of the run has one: this version writes one into every checkpoint."""
+    for each newer one that is damaged, newest first. A checkpoint without a manifest is damaged
+    when an older one of the run has one: this version writes one into every checkpoint."""
     found = list_checkpoints(output_dir)
     manifests = [(ckpt / MANIFEST).exists() for ckpt in found]
     damaged = []

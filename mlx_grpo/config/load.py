@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.errors import UserError, naming
 from mlx_grpo.config.rules import RULES, SEED_LIMIT
 from mlx_grpo.config.sections import Config
 
@@ -221,5 +221,10 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    try:
+        with naming(path):  # a full disk: the error names config.toml, and no .tmp stays behind
+            tmp.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)  # whole or not at all: a full disk never leaves a 0-byte config.toml

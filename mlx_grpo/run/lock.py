@@ -15,7 +15,7 @@ import os
 from pathlib import Path
 import socket
 
-from mlx_grpo.errors import TrainingError
+from mlx_grpo.errors import TrainingError, naming
 from mlx_grpo.run.layout import LOCK
 
 _HELD: set[tuple[int, int]] = set()  # (device, inode) of the lock files this process holds
@@ -57,8 +57,9 @@ def lock_run_folder(output_dir):
     key = None
     try:
         key = _take(fd, out)
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
+        with naming(out / LOCK):  # a full disk: the one-line error names the file
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()} {socket.gethostname()}\n".encode(), 0)
         yield
     finally:
         # A run that stopped before writing anything leaves no folder behind if it made it.

@@ -52,6 +52,17 @@ def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(
                 pass
 
 
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_output_dir_that_is_a_file_is_one_line_naming_output_dir(tmp_path, capsys, inside):
+    """It was `[Errno 17] File exists` (or 20, Not a directory)."""
+    (tmp_path / "notes").write_text("mine")
+    out = tmp_path / "notes" / "run" if inside else tmp_path / "notes"
+    assert cli.main(["--config", SMOKE, *_sets(out, 1)]) == 2
+    _one_line_error(capsys, f"output_dir: {out} cannot be a folder: {tmp_path / 'notes'} is a file; "
+                            "choose another output_dir")
+    assert (tmp_path / "notes").read_text() == "mine"
+
+
 FORKS_A_WORKER = """\
 import os, time
 

@@ -47,12 +47,21 @@ def _take(fd: int, out: Path) -> tuple[int, int]:
     return key
 
 
+def _make_folder(out: Path) -> None:
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except (FileExistsError, NotADirectoryError):  # mkdir's own message names no setting
+        file = next((p for p in (out, *out.parents) if p.exists() and not p.is_dir()), out)
+        raise TrainingError(f"output_dir: {out} cannot be a folder: {file} is a file; "
+                            "choose another output_dir") from None
+
+
 @contextmanager
 def lock_run_folder(output_dir):
     """Hold `<output_dir>/.lock` for the block; raise RunFolderBusy at once if it is taken."""
     out = Path(output_dir)
     created = not out.exists()
-    out.mkdir(parents=True, exist_ok=True)
+    _make_folder(out)
     fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     key = None
     try:

@@ -50,6 +50,10 @@ def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(
         with pytest.raises(RunFolderBusy, match=f"PID {os.getpid()} on"):
             with lock_run_folder(out):  # a second open file in the same process is refused too
                 pass
+        # ... and that refusal did not release the lock (closing any copy of a lockf'd file would)
+        other = subprocess.run([sys.executable, "-c", f"from mlx_grpo.run.lock import lock_run_folder\n"
+                                f"with lock_run_folder({str(out)!r}):\n    pass"], capture_output=True, text=True)
+        assert "RunFolderBusy" in other.stderr and f"PID {os.getpid()} on" in other.stderr, other.stderr
 
 
 @pytest.mark.parametrize("inside", [False, True])

@@ -4,9 +4,10 @@ The lock is a POSIX record lock (`fcntl.lockf`), which belongs to the process th
 the kernel drops it when that process ends, however it ends (a SIGKILL included), and a child
 the run forks (a reward function that starts a worker) does not inherit it, so a child that
 outlives a killed run never keeps `--resume` out. (`flock` and OFD locks would follow the open
-file into such a child.) A record lock does not conflict with its own process, so this module
-also refuses a second lock of the same folder here. The file keeps the holder's PID and host,
-for the message a second process gets.
+file into such a child.) A record lock does not conflict with its own process, and closing any
+descriptor of the file releases it, so a second lock of the same folder in this process is
+refused before the file is opened again. The file keeps the holder's PID and host, for the
+message a second process gets.
 """
 
 from contextlib import contextmanager
@@ -31,20 +32,27 @@ def _holder(fd: int) -> str:
     return f"PID {text[0]} on {text[1]}" if len(text) >= 2 else "another process"
 
 
-def _take(fd: int, out: Path) -> tuple[int, int]:
-    stat = os.fstat(fd)
-    key = (stat.st_dev, stat.st_ino)
+def _busy(out: Path, holder: str) -> RunFolderBusy:
+    return RunFolderBusy(f"output_dir: {out} is in use by {holder} (lock {out / LOCK}); "
+                         "wait for that run to end or choose another output_dir")
+
+
+def _held_here(lock: Path) -> bool:
     try:
-        if key in _HELD:
-            raise BlockingIOError
+        stat = os.stat(lock)
+    except FileNotFoundError:
+        return False
+    return (stat.st_dev, stat.st_ino) in _HELD
+
+
+def _take(fd: int, out: Path) -> tuple[int, int]:
+    try:
         fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except (BlockingIOError, PermissionError):  # EAGAIN or EACCES, as the system reports a held lock
-        raise RunFolderBusy(
-            f"output_dir: {out} is in use by {_holder(fd)} (lock {out / LOCK}); "
-            "wait for that run to end or choose another output_dir"
-        ) from None
-    _HELD.add(key)
-    return key
+        raise _busy(out, _holder(fd)) from None
+    stat = os.fstat(fd)
+    _HELD.add((stat.st_dev, stat.st_ino))
+    return stat.st_dev, stat.st_ino
 
 
 def _make_folder(out: Path) -> None:
@@ -62,6 +70,8 @@ def lock_run_folder(output_dir):
     out = Path(output_dir)
     created = not out.exists()
     _make_folder(out)
+    if _held_here(out / LOCK):  # not even opened: closing any copy of it here would release the lock
+        raise _busy(out, f"PID {os.getpid()} on {socket.gethostname()} (this process)")
     fd = os.open(out / LOCK, os.O_RDWR | os.O_CREAT, 0o644)
     key = None
     try:

@@ -101,6 +101,21 @@ def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(lora_run, tmp_pa
     assert list(tmp_path.iterdir()) == []
 
 
+def test_convert_onto_a_full_disk_is_one_line_and_leaves_nothing(tiny_path, tmp_path, monkeypatch, capsys):
+    from checks import one_line_error
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[write] Unable to write 8 bytes to file.")
+
+    monkeypatch.setattr(mx, "save_safetensors", full)
+    dst = tmp_path / "converted"
+    capsys.readouterr()
+    assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst)]) == 2
+    one_line_error(capsys, f"--mlx-path {dst}: converting {tiny_path} failed ([write] Unable to write 8 bytes "
+                           "to file.); nothing was left there or beside it")
+    assert list(tmp_path.iterdir()) == []
+
+
 def test_export_removes_the_temporary_folder_a_killed_export_left(lora_run, tmp_path):
     out = tmp_path / "exported"
     killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])

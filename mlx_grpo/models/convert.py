@@ -76,11 +76,16 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
     source = resolve_model_path(hf_path)
     if source.startswith((".", "/", "~")) and not Path(source).expanduser().is_dir():
         raise ModelError(f"--hf-path {hf_path}: no such folder")
-    with output_folder(mlx_path, force) as tmp:
-        tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
-        quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
-                q_group_size=q_group_size if quantize else None, dtype=dtype,
-                trust_remote_code=trust_remote_code)
+    try:
+        with output_folder(mlx_path, force) as tmp:
+            tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
+            quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
+                          q_group_size=q_group_size if quantize else None, dtype=dtype,
+                          trust_remote_code=trust_remote_code)
+    except (OSError, RuntimeError) as e:  # a full disk; MLX raises RuntimeError for its writes
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())
+        raise ModelError(f"--mlx-path {mlx_path}: converting {hf_path} failed ({reason}); "
+                         "nothing was left there or beside it") from e
     return Path(mlx_path).expanduser()
 
 

@@ -74,8 +74,9 @@ def _is_path(value) -> bool:
 
 def reward_pairs(rewards) -> list[tuple]:
     """`rewards=` as (function or name, weight) pairs; anything else raises ApiError naming it."""
-    if isinstance(rewards, (str, bytes, Mapping)) or callable(rewards) or not isinstance(rewards, (list, tuple)):
-        hint = f" (one reward is a list of one: rewards=[{rewards!r}])" if isinstance(rewards, str) or callable(rewards) else ""
+    if not isinstance(rewards, (list, tuple)):
+        one = isinstance(rewards, str) or callable(rewards)
+        hint = f" (one reward is a list of one: rewards=[{rewards!r:.60}])" if one else ""
         raise ApiError(f"mlx_grpo.train(rewards=...): expected {REWARDS_TAKES}, got {_kind(rewards)}{hint}")
     pairs = []
     for i, item in enumerate(rewards):
@@ -83,7 +84,8 @@ def reward_pairs(rewards) -> list[tuple]:
         if callable(reward) and not isinstance(getattr(reward, "__name__", None), str):
             raise ApiError(f"mlx_grpo.train(rewards=...): rewards[{i}] ({_kind(reward)}) has no __name__ to log "
                            "it under; wrap it in a def")
-        if not (callable(reward) or isinstance(reward, str)) or isinstance(weight, bool) or not isinstance(weight, (int, float)):
+        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not (callable(reward) or isinstance(reward, str)) or not number:
             raise ApiError(f"mlx_grpo.train(rewards=...): rewards[{i}] is {_kind(item)}; expected a reward "
                            "function, a reward name or a (reward, weight) pair with a number as weight")
         pairs.append((reward, weight))

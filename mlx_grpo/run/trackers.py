@@ -81,7 +81,8 @@ class TensorBoard:
 
         self.logdir = out / "tensorboard"
         self.writer = EventFileWriter(str(self.logdir))
-        self.writer.add_event(Event(wall_time=time.time(), step=start, session_log=SessionLog(status=SessionLog.START)))
+        restart = SessionLog(status=SessionLog.START)
+        self.writer.add_event(Event(wall_time=time.time(), step=start, session_log=restart))
         self._text("config", "```\n" + json.dumps(config, indent=2) + "\n```", step=start)
         self.where = f"tensorboard --logdir {self.logdir}"
 

@@ -90,11 +90,12 @@ def one_update(name: str, world=SINGLE):
 PROBE = """\
 import fcntl, os, sys
 fd = os.open(sys.argv[1], os.O_RDWR)
+holder = os.read(fd, 100).split()[0].decode()
 try:
     fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    print("free")
+    print("free", holder)
 except OSError:
-    print("held")
+    print("held", holder)
 """
 
 
@@ -108,10 +109,10 @@ def lock_run(out_dir: str):
     def lock_probe(prompts, completions, answers, **kwargs):
         if not seen:
             # Asked from another process: a record lock never conflicts with its own process, and
-            # closing a descriptor of the file here would release rank 0's lock.
+            # closing a descriptor of the file here (reading it) would release rank 0's lock.
             probe = subprocess.run([sys.executable, "-c", PROBE, str(run / ".lock")], capture_output=True, text=True)
-            seen.update(pid=os.getpid(), holder=int((run / ".lock").read_text().split()[0]),
-                        free=probe.stdout.strip() == "free")
+            state, holder = probe.stdout.split()
+            seen.update(pid=os.getpid(), holder=int(holder), free=state == "free")
         return [0.0] * len(completions)
 
     mlx_grpo.train("configs/smoke_test.toml", rewards=[lock_probe], output_dir=str(run),

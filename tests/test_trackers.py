@@ -239,3 +239,12 @@ def test_tensorboard_holds_each_step_once_after_a_resume_that_redoes_steps(tmp_p
     assert [e.step for e in board.Tensors("completions")] == [1, 2, 3, 4]
     configs = [(e.step, json.loads(value(e)[0].decode().strip("`\n"))) for e in board.Tensors("config")]
     assert [(step, c["checkpoint"]["resume"]) for step, c in configs] == [(0, False), (3, True)]
+
+    # --overwrite starts over: the earlier run's event files stay in the folder, and are not shown
+    assert cli.main([*args, "--set", "training.max_steps=2", "--set", "seed=5", "--overwrite"]) == 0
+    board = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    board.Reload()
+    rows = read_metrics(out)
+    assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors("reward")] == [
+        (r["step"], r["reward"]) for r in rows] and len(rows) == 2
+    assert [e.step for e in board.Tensors("config")] == [0]

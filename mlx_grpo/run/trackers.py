@@ -71,7 +71,9 @@ class TensorBoard:
     The folder keeps the event files of earlier starts (a killed run, an overwritten one). Each
     start opens with a restart marker (a SessionLog START) at its first step, 0 for a fresh run
     and N + 1 after resuming from step N: TensorBoard then drops what earlier files hold from that
-    step on, so no step is plotted twice. The config goes at that step too.
+    step on, so no step is plotted twice. The marker is written twice, as TensorBoard takes the
+    first one it reads (in a folder written before markers, the resumed run's) for the run's
+    beginning. The config goes at that step too.
     """
 
     def __init__(self, out: Path, run_name: str, project: str, config: dict, start: int = 0):
@@ -82,7 +84,8 @@ class TensorBoard:
         self.logdir = out / "tensorboard"
         self.writer = EventFileWriter(str(self.logdir))
         restart = SessionLog(status=SessionLog.START)
-        self.writer.add_event(Event(wall_time=time.time(), step=start, session_log=restart))
+        for _ in range(2):  # TensorBoard reads the first START of a folder as its beginning, not a restart
+            self.writer.add_event(Event(wall_time=time.time(), step=start, session_log=restart))
         self._text("config", "```\n" + json.dumps(config, indent=2) + "\n```", step=start)
         self.where = f"tensorboard --logdir {self.logdir}"
 

@@ -1,58 +1,118 @@
 """The Python API: `mlx_grpo.train(config, *, rewards=None, dataset=None, **overrides)`, the run
 `mlx-grpo train --config PROFILE --set ...` makes, with reward functions and rows given as
 Python objects. An entry point, so it reads the whole config; MLX is imported only when it runs.
+Each argument is checked before any work: a wrong one raises ApiError naming it and what it takes.
 """
 
+from collections.abc import Mapping
 import os
 from pathlib import Path
+
+from mlx_grpo.errors import UserError
+
+CONFIG_TAKES = "a TOML profile's path, a dict of the same shape or a mlx_grpo.config.Config"
+REWARDS_TAKES = ("a list of reward functions, reward names ('xml_format', 'module:function', "
+                 "'path/file.py:function') or (reward, weight) pairs")
+DATASET_TAKES = ("a list of dicts (rows), a dict of columns (name -> list of values), a datasets.Dataset "
+                 "or a data file's path (.jsonl, .json, .parquet, .csv)")
+
+
+class ApiError(UserError, TypeError):
+    """An argument of mlx_grpo.train of a kind it does not take; the message names it."""
 
 
 def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
     """Train with GRPO; returns the run's output folder.
 
     config: a TOML profile's path, a dict of the same shape, or a `Config`.
-    rewards: functions `fn(prompts, completions, answers, **kwargs) -> list[float]` or
-        (function, weight) pairs (weight 1.0 otherwise), in place of the config's [[rewards]];
-        each is logged as `rewards/<fn.__name__>/mean`.
-    dataset: the training rows, a list of dicts or a `datasets.Dataset`, in place of
-        data.dataset (data.prompt_field and data.answer_field still name the fields).
+    rewards: a list of functions `fn(prompts, completions, answers, **kwargs) -> list[float]`,
+        reward names as the config's [[rewards]] take them, or (reward, weight) pairs (weight
+        1.0 otherwise), in place of the config's [[rewards]]; each function is logged as
+        `rewards/<fn.__name__>/mean`.
+    dataset: the training rows, in place of data.dataset: a list of dicts, a dict of columns,
+        a `datasets.Dataset`, or a data file's path (which becomes data.dataset);
+        data.prompt_field and data.answer_field still name the fields.
     overrides: top-level keys (`output_dir="runs/x"`, `seed=1`) and sections as dicts
         (`training={"max_steps": 3}`), checked as `--set` items are.
     """
-    from mlx_grpo.commands.train import train as run
-    from mlx_grpo.config import ConfigError, RewardConfig, load_config
-    from mlx_grpo.data.load import DataError
-    from mlx_grpo.rewards import RewardError, RewardSet
+    from mlx_grpo.config import Config, ConfigError, RewardConfig, load_config
 
+    if not isinstance(config, (str, os.PathLike, Mapping, Config)):
+        raise ApiError(f"mlx_grpo.train(config=...): expected {CONFIG_TAKES}, got {_kind(config)}")
+    pairs = None if rewards is None else reward_pairs(rewards)
+    rows = None if dataset is None or _is_path(dataset) else dataset_rows(dataset)
     config_path = str(config) if isinstance(config, (str, os.PathLike)) else None
-    cfg = load_config(config, keywords=overrides)
+    cfg = load_config(dict(config) if isinstance(config, Mapping) else config, keywords=overrides)
     reward_set = None
-    if rewards is not None:
-        pairs = [_pair(r, RewardError) for r in rewards]
+    if pairs is not None:
+        from mlx_grpo.rewards import RewardSet
+
         base_dir = Path(config_path).parent if config_path else None
         reward_set = RewardSet(pairs, base_dir=base_dir, group_size=cfg.generation.num_generations)
         # config.toml records an importable function as module:function, which the CLI can load
         cfg.rewards = [RewardConfig(name=_record(fn), weight=float(w)) for fn, w in pairs]
-    rows = None
-    if dataset is not None:
-        rows = [dict(row) if not isinstance(row, dict) else row for row in dataset]
-        if not rows or not all(isinstance(row, dict) for row in rows):
-            raise DataError("mlx_grpo.train(dataset=...): expected a non-empty list of dicts or a datasets.Dataset")
+    if _is_path(dataset):
+        cfg.data.dataset = os.fspath(dataset)
+    elif rows is not None:
         if cfg.eval.every:
             raise ConfigError("eval.every: evaluation during training reads data.dataset's eval split, "
                               "which mlx_grpo.train(dataset=...) has not; set eval.every = 0")
         cfg.data.dataset = f"mlx_grpo.train(dataset=...), {len(rows)} rows"
+    from mlx_grpo.commands.train import train as run
+
     run(cfg, config_path, reward_set=reward_set, rows=rows)
     return Path(cfg.output_dir)
 
 
-def _pair(item, error):
-    """A reward as (function or name, weight)."""
-    if isinstance(item, tuple):
-        if len(item) != 2:
-            raise error(f"mlx_grpo.train(rewards=...): expected a function or (function, weight), got {item!r}")
-        return item
-    return item, 1.0
+def _kind(value) -> str:
+    return f"{type(value).__name__} {value!r:.60}"
+
+
+def _is_path(value) -> bool:
+    return isinstance(value, (str, os.PathLike))
+
+
+def reward_pairs(rewards) -> list[tuple]:
+    """`rewards=` as (function or name, weight) pairs; anything else raises ApiError naming it."""
+    if not isinstance(rewards, (list, tuple)):
+        one = isinstance(rewards, str) or callable(rewards)
+        hint = f" (one reward is a list of one: rewards=[{rewards!r:.60}])" if one else ""
+        raise ApiError(f"mlx_grpo.train(rewards=...): expected {REWARDS_TAKES}, got {_kind(rewards)}{hint}")
+    pairs = []
+    for i, item in enumerate(rewards):
+        reward, weight = item if isinstance(item, tuple) and len(item) == 2 else (item, 1.0)
+        if callable(reward) and not isinstance(getattr(reward, "__name__", None), str):
+            raise ApiError(f"mlx_grpo.train(rewards=...): rewards[{i}] ({_kind(reward)}) has no __name__ to log "
+                           "it under; wrap it in a def")
+        number = isinstance(weight, (int, float)) and not isinstance(weight, bool)
+        if not (callable(reward) or isinstance(reward, str)) or not number:
+            raise ApiError(f"mlx_grpo.train(rewards=...): rewards[{i}] is {_kind(item)}; expected a reward "
+                           "function, a reward name or a (reward, weight) pair with a number as weight")
+        pairs.append((reward, weight))
+    return pairs
+
+
+def dataset_rows(dataset) -> list[dict]:
+    """`dataset=` as a list of rows; anything else raises ApiError naming it."""
+    if isinstance(dataset, Mapping):  # columns, as datasets.Dataset.from_dict takes them
+        columns = {k: v for k, v in dataset.items()}
+        if not columns or not all(isinstance(v, (list, tuple)) for v in columns.values()):
+            raise ApiError(f"mlx_grpo.train(dataset=...): a dict is read as columns (name -> list of values); "
+                           f"got {_kind(dataset)} (one row is a list of one: dataset=[row])")
+        lengths = {k: len(v) for k, v in columns.items()}
+        if len(set(lengths.values())) > 1:
+            raise ApiError(f"mlx_grpo.train(dataset=...): the columns differ in length ({lengths})")
+        dataset = [dict(zip(columns, values)) for values in zip(*columns.values())]
+    if isinstance(dataset, bytes) or not hasattr(dataset, "__iter__"):
+        raise ApiError(f"mlx_grpo.train(dataset=...): expected {DATASET_TAKES}, got {_kind(dataset)}")
+    rows = list(dataset)
+    for i, row in enumerate(rows):
+        if not isinstance(row, Mapping):
+            raise ApiError(f"mlx_grpo.train(dataset=...): row {i} is {_kind(row)}, not a dict; "
+                           f"expected {DATASET_TAKES}")
+    if not rows:
+        raise ApiError(f"mlx_grpo.train(dataset=...): no rows; expected {DATASET_TAKES}")
+    return [dict(row) for row in rows]
 
 
 def _record(fn) -> str:

@@ -47,6 +47,15 @@ def build_parser():
 
 
 def main(argv=None):
+    """The command line; returns the exit code."""
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:  # also while the commands' modules load (MLX, mlx-lm: about a second)
+        print("mlx-grpo: interrupted", file=sys.stderr)
+        return 130
+
+
+def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "train")
@@ -64,9 +73,6 @@ def main(argv=None):
     except (UserError, OSError) as e:  # OSError: a full disk or a missing permission; it names the file
         print(f"mlx-grpo: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("mlx-grpo: interrupted", file=sys.stderr)
-        return 130
     # train's main returns its exit code; the others return what they made (eval's results,
     # generate's answer), for callers of the library, which is no exit code.
     return result if isinstance(result, int) else 0

@@ -24,3 +24,19 @@ class NonFiniteError(TrainingError):
 
 class ModelError(UserError, ValueError):
     """A model folder or setting that cannot be loaded as configured."""
+
+
+class naming:
+    """`with naming(path):` an OSError raised inside that names no file (a write on a full disk
+    does not) names `path`, so the one-line error says which file could not be written."""
+
+    def __init__(self, path):
+        self.path = path
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, kind, error, traceback):
+        if isinstance(error, OSError) and error.filename is None:
+            error.filename = str(self.path)
+        return False

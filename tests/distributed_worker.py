@@ -11,10 +11,10 @@ The optimizer is plain SGD without clipping: AdamW's first step is lr * sign(gra
 would hide a gradient that is off by a constant factor (a wrong normaliser).
 """
 
-import fcntl
 import json
 import os
 import random
+import subprocess
 import sys
 from pathlib import Path
 
@@ -87,6 +87,18 @@ def one_update(name: str, world=SINGLE):
     return dict(tree_flatten(model.trainable_parameters())), metrics
 
 
+PROBE = """\
+import fcntl, os, sys
+fd = os.open(sys.argv[1], os.O_RDWR)
+holder = os.read(fd, 100).split()[0].decode()
+try:
+    fcntl.lockf(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    print("free", holder)
+except OSError:
+    print("held", holder)
+"""
+
+
 def lock_run(out_dir: str):
     """One GRPO step of builtin:tiny on both ranks, in one run folder; while it trains, this rank's
     reward notes its PID, the PID the lock file names and whether the lock is free."""
@@ -96,15 +108,11 @@ def lock_run(out_dir: str):
 
     def lock_probe(prompts, completions, answers, **kwargs):
         if not seen:
-            fd = os.open(run / ".lock", os.O_RDWR)
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)  # a new open file: taken if any process holds it
-                free = True
-            except BlockingIOError:
-                free = False
-            finally:
-                os.close(fd)
-            seen.update(pid=os.getpid(), holder=int((run / ".lock").read_text().split()[0]), free=free)
+            # Asked from another process: a record lock never conflicts with its own process, and
+            # closing a descriptor of the file here (reading it) would release rank 0's lock.
+            probe = subprocess.run([sys.executable, "-c", PROBE, str(run / ".lock")], capture_output=True, text=True)
+            state, holder = probe.stdout.split()
+            seen.update(pid=os.getpid(), holder=int(holder), free=state == "free")
         return [0.0] * len(completions)
 
     mlx_grpo.train("configs/smoke_test.toml", rewards=[lock_probe], output_dir=str(run),

@@ -2,6 +2,7 @@
 given as Python objects, overrides checked as `--set` items are, and the README's example."""
 
 import re
+import sys
 from pathlib import Path
 
 import pytest
@@ -93,3 +94,65 @@ def test_the_readme_example_runs(tmp_path):
     code = code.replace('"runs/python_api"', repr(str(tmp_path / "run"))).replace('"max_steps": 20', '"max_steps": 1')
     exec(compile(code, "README.md", "exec"), {})
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
+
+
+def _says_two(prompts, completions, answers, **kwargs):
+    return [float("2" in c) for c in completions]
+
+
+@pytest.mark.parametrize(("kwargs", "needles"), [
+    ({"rewards": [42]}, ["rewards[0] is int 42", "a reward function, a reward name or a (reward, weight) pair"]),
+    ({"rewards": "xml_format"}, ["rewards=...): expected a list of reward functions", "got str 'xml_format'",
+                                 "rewards=['xml_format']"]),
+    ({"rewards": _says_two}, ["rewards=...): expected a list", "got function"]),
+    ({"rewards": [(_says_two, "high")]}, ["rewards[0] is tuple", "with a number as weight"]),
+    ({"dataset": [1, 2, 3]}, ["dataset=...): row 0 is int 1, not a dict", "a dict of columns"]),
+    ({"dataset": []}, ["dataset=...): no rows"]),
+    ({"dataset": 7}, ["dataset=...): expected a list of dicts (rows)", "got int 7"]),
+    ({"dataset": {"question": "What is 1 + 1?", "answer": "#### 2"}},
+     ["a dict is read as columns", "dataset=[row]"]),
+    ({"dataset": {"question": ["a", "b"], "answer": ["#### 1"]}}, ["the columns differ in length"]),
+    ({"config": ["configs/smoke_test.toml"]}, ["config=...): expected a TOML profile's path", "got list"]),
+    ({"config": 2}, ["config=...): expected a TOML profile's path", "got int 2"]),
+], ids=["reward 42", "reward name alone", "function alone", "weight text", "rows of ints", "no rows", "int",
+        "one row as dict", "ragged columns", "config list", "config 2"])
+def test_an_argument_of_the_wrong_kind_is_one_clear_error_naming_it(tmp_path, capfd, kwargs, needles):
+    """Before: AttributeError, 'listed more than once: m', ValueError, TypeError; config=2 closed stderr."""
+    from mlx_grpo.api import ApiError
+    from mlx_grpo.errors import UserError
+
+    kwargs = {"config": SMOKE, **kwargs}
+    with pytest.raises(ApiError) as e:
+        mlx_grpo.train(output_dir=str(tmp_path / "run"), **kwargs)
+    assert isinstance(e.value, UserError)
+    for needle in needles:
+        assert needle in str(e.value), str(e.value)
+    assert not (tmp_path / "run").exists()
+    print("stderr still open", file=sys.stderr, flush=True)
+    assert "stderr still open" in capfd.readouterr().err
+
+
+def test_load_config_never_opens_a_number_as_a_file(capfd):
+    with pytest.raises(ConfigError, match="profile: expected a TOML file's path, a dict or a Config, got int 2"):
+        load_config(2)
+    print("stderr still open", file=sys.stderr, flush=True)
+    assert "stderr still open" in capfd.readouterr().err
+
+
+ROWS = [{"question": f"What is {a} + 1?", "answer": f"#### {a + 1}"} for a in range(4)]
+
+
+@pytest.mark.parametrize("form", ["columns", "jsonl file", "path object"])
+def test_a_dict_of_columns_or_a_data_file_is_the_rows(tmp_path, form):
+    """The same run as the list of rows gives."""
+    import json
+
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps(r) + "\n" for r in ROWS))
+    dataset = {"columns": {k: [r[k] for r in ROWS] for k in ROWS[0]}, "jsonl file": str(data),
+               "path object": data}[form]
+    run = mlx_grpo.train(SMOKE, dataset=dataset, output_dir=str(tmp_path / "run"), **SMALL)
+    as_rows = mlx_grpo.train(SMOKE, dataset=ROWS, output_dir=str(tmp_path / "rows"), **SMALL)
+    assert _untimed(run) == _untimed(as_rows)
+    if form != "columns":
+        assert load_config(run / "config.toml").data.dataset == str(data)

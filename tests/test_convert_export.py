@@ -83,6 +83,57 @@ def test_export_lora_run_is_a_standalone_mlx_lm_model(lora_run, tmp_path):
     assert load_model(str(out)).system_prompt == DEFAULT_SYSTEM_PROMPT  # from the copied config.toml
 
 
+@pytest.mark.parametrize("error", [OSError(28, "No space left on device"),
+                                   RuntimeError("[write] Unable to write 8 bytes to file.")])
+def test_export_onto_a_full_disk_is_one_line_and_leaves_nothing(lora_run, tmp_path, monkeypatch, capsys, error):
+    """MLX reports a failed write as a RuntimeError, which was a traceback."""
+    from checks import one_line_error
+
+    def full(*args, **kwargs):
+        raise error
+
+    monkeypatch.setattr(mx, "save_safetensors", full)
+    out = tmp_path / "exported"
+    capsys.readouterr()
+    assert main(["export", str(lora_run), "--out", str(out)]) == 2
+    reason = "No space left on device" if isinstance(error, OSError) else "[write] Unable to write 8 bytes to file."
+    one_line_error(capsys, f"--out {out}: cannot write the model ({reason}); nothing was left there or beside it")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_convert_onto_a_full_disk_is_one_line_and_leaves_nothing(tiny_path, tmp_path, monkeypatch, capsys):
+    from checks import one_line_error
+
+    def full(*args, **kwargs):
+        raise RuntimeError("[write] Unable to write 8 bytes to file.")
+
+    monkeypatch.setattr(mx, "save_safetensors", full)
+    dst = tmp_path / "converted"
+    capsys.readouterr()
+    assert main(["convert", "--hf-path", tiny_path, "--mlx-path", str(dst)]) == 2
+    one_line_error(capsys, f"--mlx-path {dst}: converting {tiny_path} failed ([write] Unable to write 8 bytes "
+                           "to file.); nothing was left there or beside it")
+    assert list(tmp_path.iterdir()) == []
+
+
+def test_export_removes_the_temporary_folder_a_killed_export_left(lora_run, tmp_path):
+    out = tmp_path / "exported"
+    killed = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    alive = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        for proc in (killed, alive):  # as a SIGKILL during `export` leaves them: the size of a model
+            (tmp_path / f".exported.tmp{proc.pid}").mkdir()
+            (tmp_path / f".exported.tmp{proc.pid}" / "model.safetensors").write_bytes(b"\0" * 4096)
+        killed.kill()
+        killed.wait()
+        assert main(["export", str(lora_run), "--out", str(out)]) == 0
+        # an export still running (the live process) keeps its folder
+        assert sorted(p.name for p in tmp_path.iterdir()) == [f".exported.tmp{alive.pid}", "exported"]
+    finally:
+        alive.kill()
+        alive.wait()
+
+
 def test_export_qlora_keeps_or_drops_quantization(tmp_path):
     from mlx_grpo.commands.train import train
 

@@ -95,17 +95,38 @@ def test_disk_full_while_saving_keeps_the_previous_checkpoint(tmp_path, monkeypa
     assert all(mx.array_equal(weights[k], v).item() for k, v in tree_flatten(model.parameters()))
 
 
-def test_a_full_disk_outside_checkpoints_is_one_line_too(tmp_path, monkeypatch, capsys):
-    import mlx_grpo.commands.train as train_mod
+def _full_disk_at(monkeypatch, name):
+    """A write of `name` fails as on a full disk: an OSError that names no file (write() errors do not)."""
+    import os
+    from pathlib import Path
 
-    def full(cfg, path):
-        raise OSError(errno.ENOSPC, "No space left on device", str(path))
+    if name == ".lock":
+        def pwrite(*args):
+            raise OSError(errno.ENOSPC, "No space left on device")
 
-    monkeypatch.setattr(train_mod, "save_config", full)
+        monkeypatch.setattr(os, "pwrite", pwrite)
+        return
+    real = Path.write_text
+
+    def write_text(self, *args, **kwargs):
+        if self.name.startswith(name):  # config.toml is written as config.toml.tmp, then renamed
+            real(self, "partly")
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(self, *args, **kwargs)
+
+    monkeypatch.setattr(Path, "write_text", write_text)
+
+
+@pytest.mark.parametrize("name", [".lock", "config.toml", "metrics.jsonl", "completions.jsonl"])
+def test_a_full_disk_at_the_start_is_one_line_naming_the_file(tmp_path, monkeypatch, capsys, name):
+    _full_disk_at(monkeypatch, name)
     out = tmp_path / "run"
     assert cli.main(["--config", SMOKE, "--set", f'output_dir="{out}"', "--set", "grpo.beta=0"]) == 2
     err = capsys.readouterr().err
-    assert err == f"mlx-grpo: error: [Errno 28] No space left on device: '{out / 'config.toml'}'\n"
+    assert err == f"mlx-grpo: error: [Errno 28] No space left on device: '{out / name}'\n"
+    assert not list(tmp_path.glob("**/*.tmp"))
+    if name in (".lock", "config.toml"):  # nothing was written: the folder it made is gone
+        assert not out.exists()
 
 
 def test_reward_error_names_reward_prompt_index_and_completion():

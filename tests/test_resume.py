@@ -135,6 +135,23 @@ def test_sigint_finishes_the_step_checkpoints_and_resumes_exactly_with_lora(tmp_
     assert train(done) == out / final and _metrics(out) == _metrics(tmp_path / "ref")
 
 
+@pytest.mark.parametrize("after", [1, 3])
+def test_the_unmoved_tensor_check_of_a_resumed_run_is_the_uninterrupted_runs(tmp_path, signal_at_step, after):
+    """Stopped after step 2: the check made at step 1 is not made again; the one due at step 3
+    (3 updates after the run's start, against the weights as it started) is made at step 3."""
+    steps, check = 4, [f"logging.warn_unmoved_after={after}"]
+    train(load_config(SMOKE, _sets(tmp_path / "ref", steps, *check)[1::2]))
+    assert [r["step"] for r in read_metrics(tmp_path / "ref") if "params/unmoved_tensors" in r] == [after]
+
+    out = tmp_path / "stopped"
+    signal_at_step(signal.SIGINT, at=2)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *check)]) == 130
+    assert [r["step"] for r in read_metrics(out)] == [1, 2]
+    signal_at_step(signal.SIGINT, at=0)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *check), "--resume"]) == 0
+    assert _metrics(out) == _metrics(tmp_path / "ref")
+
+
 def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsys, monkeypatch):
     from mlx_grpo.run import stopping
 
@@ -145,6 +162,31 @@ def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsy
     assert "stopped by SIGTERM after step 1" in capsys.readouterr().err
     state = json.loads((out / "checkpoints" / "step_000001" / "trainer_state.json").read_text())
     assert state["step"] == 1 and state["data_position"] == 2 and len(state["rng"]["mlx"]) == 2
+
+
+CTRL_C_WHEN_IMPORTING = """\
+import importlib.abc, os, runpy, signal, sys
+
+MODULE = sys.argv[1]
+
+class CtrlC(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name == MODULE:  # Ctrl-C as that module starts loading
+            os.kill(os.getpid(), signal.SIGINT)
+        return None
+
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["mlx-grpo", *sys.argv[2:]]
+runpy.run_module("mlx_grpo", run_name="__main__", alter_sys=True)
+"""
+
+
+@pytest.mark.parametrize("module", ["numpy", "mlx.core", "mlx_lm", "transformers"])
+def test_ctrl_c_while_the_command_loads_is_one_line_and_exit_130(tmp_path, module):
+    """The first second or so of `mlx-grpo train` imports MLX and mlx-lm: a Ctrl-C there was a traceback."""
+    proc = subprocess.run([sys.executable, "-c", CTRL_C_WHEN_IMPORTING, module, "train", "--config",
+                           str(tmp_path / "none.toml")], capture_output=True, text=True, timeout=120)
+    assert (proc.returncode, proc.stderr) == (130, "mlx-grpo: interrupted\n")
 
 
 def test_second_ctrl_c_ends_the_process_at_once(tmp_path):

@@ -50,6 +50,68 @@ def test_a_second_process_on_a_locked_run_folder_is_refused_naming_pid_and_host(
         with pytest.raises(RunFolderBusy, match=f"PID {os.getpid()} on"):
             with lock_run_folder(out):  # a second open file in the same process is refused too
                 pass
+        # ... and that refusal did not release the lock (closing any copy of a lockf'd file would)
+        other = subprocess.run([sys.executable, "-c", f"from mlx_grpo.run.lock import lock_run_folder\n"
+                                f"with lock_run_folder({str(out)!r}):\n    pass"], capture_output=True, text=True)
+        assert "RunFolderBusy" in other.stderr and f"PID {os.getpid()} on" in other.stderr, other.stderr
+
+
+@pytest.mark.parametrize("inside", [False, True])
+def test_an_output_dir_that_is_a_file_is_one_line_naming_output_dir(tmp_path, capsys, inside):
+    """It was `[Errno 17] File exists` (or 20, Not a directory)."""
+    (tmp_path / "notes").write_text("mine")
+    out = tmp_path / "notes" / "run" if inside else tmp_path / "notes"
+    assert cli.main(["--config", SMOKE, *_sets(out, 1)]) == 2
+    _one_line_error(capsys, f"output_dir: {out} cannot be a folder: {tmp_path / 'notes'} is a file; "
+                            "choose another output_dir")
+    assert (tmp_path / "notes").read_text() == "mine"
+
+
+FORKS_A_WORKER = """\
+import os, time
+
+def r(prompts, completions, answers, **kw):
+    # In step 2: fork a worker that outlives the run, then wait here to be SIGKILLed.
+    if os.path.exists({checkpoint!r}) and not os.path.exists({pid_file!r}):
+        pid = os.fork()
+        if pid == 0:
+            time.sleep(300)
+            os._exit(0)
+        with open({pid_file!r} + ".tmp", "w") as f:
+            f.write(str(pid))
+        os.rename({pid_file!r} + ".tmp", {pid_file!r})
+        time.sleep(300)
+    return [0.0] * len(completions)
+"""
+
+
+def test_a_child_the_run_forked_does_not_hold_the_lock_after_a_sigkill(tmp_path, capsys):
+    out, pid_file = tmp_path / "run", tmp_path / "worker.pid"
+    checkpoint = out / "checkpoints" / "step_000001" / "checkpoint_manifest.json"
+    (tmp_path / "forks.py").write_text(FORKS_A_WORKER.format(checkpoint=str(checkpoint), pid_file=str(pid_file)))
+    args = ["--config", SMOKE, *_sets(out, 2), "--set", f'rewards=[{{name="{tmp_path / "forks.py"}:r", weight=1.0}}]']
+    worker = None
+    # A preloaded multi-threaded OpenBLAS joins its threads before a fork, which hung 1 fork in 3
+    # here; with one thread it has none to join.
+    env = {**os.environ, "OPENBLAS_NUM_THREADS": "1"}
+    with open(tmp_path / "log", "w") as log:  # not a pipe: the worker keeps a copy of it open
+        run = subprocess.Popen([sys.executable, "-m", "mlx_grpo", *args], stdout=log, stderr=log, env=env)
+    try:
+        while not pid_file.exists() and run.poll() is None:
+            time.sleep(0.05)
+        assert pid_file.exists(), (tmp_path / "log").read_text()[-3000:]
+        worker = int(pid_file.read_text())
+        run.send_signal(signal.SIGKILL)
+        run.wait()
+        os.kill(worker, 0)  # the worker is alive, holding the run's open files
+        capsys.readouterr()
+        assert cli.main([*args, "--resume"]) == 0, capsys.readouterr().err
+        assert "resumed from" in capsys.readouterr().out
+        os.kill(worker, 0)  # still alive: the resume did not wait for it
+    finally:
+        run.kill()
+        if worker is not None:
+            os.kill(worker, signal.SIGKILL)
 
 
 # --- metrics.jsonl on resume ------------------------------------------------------------------
@@ -174,17 +236,82 @@ def test_resume_with_no_intact_checkpoint_is_one_line(tmp_path, three_steps, cap
     _one_line_error(capsys, "no intact checkpoint", "step_000003: model.safetensors has 0 bytes", "--overwrite")
 
 
-def test_an_unverified_old_checkpoint_that_does_not_load_is_one_line(tmp_path, three_steps, capsys):
-    """A checkpoint from before manifests: accepted if its state parses, checked by loading."""
+def _resumes_exactly_from_step_2(out, three_steps):
+    import mlx.core as mx
+
+    from mlx_grpo.run.log import read_metrics
+
+    strip = lambda rows: [{k: v for k, v in r.items() if k not in TIMING} for r in rows]
+    assert strip(read_metrics(out)) == strip(read_metrics(three_steps))
+    a = mx.load(str(out / "checkpoints" / "step_000003" / "model.safetensors"))
+    b = mx.load(str(three_steps / "checkpoints" / "step_000003" / "model.safetensors"))
+    assert a.keys() == b.keys() and all(mx.array_equal(a[k], b[k]).item() for k in a)
+
+
+MANIFEST_DAMAGE = {  # what is done to the newest checkpoint's manifest
+    "missing": lambda p: p.unlink(),
+    "empty": lambda p: p.write_text(""),
+    "null": lambda p: p.write_text("null"),
+    "no files": lambda p: p.write_text("{}"),
+}
+
+
+@pytest.mark.parametrize("damage", MANIFEST_DAMAGE)
+def test_a_newest_checkpoint_without_a_usable_manifest_and_truncated_weights_is_skipped(tmp_path, three_steps,
+                                                                                      capsys, damage):
+    """Never the advice to pass --overwrite, which would delete the two intact checkpoints."""
     import shutil
 
     out = tmp_path / "run"
     shutil.copytree(three_steps, out)
     ckpt = out / "checkpoints" / "step_000003"
-    (ckpt / "checkpoint_manifest.json").unlink()
+    MANIFEST_DAMAGE[damage](ckpt / "checkpoint_manifest.json")
     _truncate(ckpt / "model.safetensors")
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    printed = capsys.readouterr()
+    assert "damaged checkpoint(s) skipped: step_000003: checkpoint_manifest.json " in printed.err
+    assert "resuming from step_000002" in printed.err
+    assert "--overwrite" not in printed.out + printed.err
+    _resumes_exactly_from_step_2(out, three_steps)
+
+
+def test_a_checkpoint_from_before_manifests_with_truncated_weights_is_skipped(tmp_path, three_steps, capsys):
+    """A run written before manifests: its checkpoints are trusted when their weights files are whole."""
+    import shutil
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "checkpoint_manifest.json").unlink()
+    weights = out / "checkpoints" / "step_000003" / "model.safetensors"
+    size = weights.stat().st_size
+    _truncate(weights)
+    capsys.readouterr()
+    assert cli.main(["--config", SMOKE, *_sets(out, 3), "--resume"]) == 0
+    err = capsys.readouterr().err
+    assert (f"step_000003: checkpoint_manifest.json is missing and model.safetensors has {size // 2} bytes, "
+            f"its header needs {size}; resuming from step_000002") in err
+    _resumes_exactly_from_step_2(out, three_steps)
+
+
+def test_an_old_checkpoint_that_does_not_load_names_the_one_before_it_not_overwrite(tmp_path, three_steps, capsys):
+    """Whole weights files that do not fit the model (a tensor left out): found only by loading."""
+    import shutil
+
+    import mlx.core as mx
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    for ckpt in (out / "checkpoints").iterdir():
+        (ckpt / "checkpoint_manifest.json").unlink()
+    weights = out / "checkpoints" / "step_000003" / "model.safetensors"
+    tensors = mx.load(str(weights))
+    mx.save_safetensors(str(weights), dict(list(tensors.items())[1:]))
     assert cli.main(["--config", SMOKE, *_sets(out, 4), "--resume"]) == 2
-    _one_line_error(capsys, "cannot load", "step_000003")
+    line = _one_line_error(capsys, "cannot load", "step_000003",
+                           f"move it out of {out / 'checkpoints'} to resume from step_000002")
+    assert "--overwrite" not in line
 
 
 def test_resume_with_max_steps_below_the_checkpoint_is_one_line(tmp_path, three_steps, capsys):
@@ -212,9 +339,65 @@ def test_commands_on_a_damaged_checkpoint_give_one_line_naming_the_file(tmp_path
     out = tmp_path / "run"
     shutil.copytree(three_steps, out)
     _truncate(out / "checkpoints" / "step_000003" / name)
-    assert cli.main(COMMANDS[command](str(out), tmp_path)) == 2
+    assert cli.main(COMMANDS[command](str(out / "checkpoints" / "step_000003"), tmp_path)) == 2
     _one_line_error(capsys, "step_000003 is damaged", name)
     assert not (tmp_path / "exported").exists()
+
+
+def test_commands_on_a_run_skip_its_damaged_newest_checkpoint_naming_it(tmp_path, three_steps, capsys):
+    import shutil
+
+    from mlx_grpo.models.named import load_model
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    _truncate(out / "checkpoints" / "step_000003" / "model.safetensors")
+    assert load_model(str(out)).checkpoint == out / "checkpoints" / "step_000002"
+    assert "damaged checkpoint(s) skipped: step_000003: model.safetensors has" in capsys.readouterr().err
+    assert cli.main(COMMANDS["generate"](str(out), tmp_path)) == 0
+    assert "; using step_000002" in capsys.readouterr().err
+
+
+def _train_and_prune(out):
+    """What a run training in `out` does: write step 4, then prune to keep_last = 1."""
+    import shutil
+
+    ckpts = out / "checkpoints"
+    shutil.copytree(ckpts / "step_000003", ckpts / "step_000004.tmp")
+    (ckpts / "step_000004.tmp").rename(ckpts / "step_000004")
+    for step in (1, 2, 3):
+        shutil.rmtree(ckpts / f"step_00000{step}")
+
+
+@pytest.mark.parametrize("when", ["checking", "loading"])
+def test_generate_on_a_run_that_prunes_the_checkpoint_being_read_reads_the_newest(tmp_path, three_steps, capsys,
+                                                                                monkeypatch, when):
+    """Before: an error saying the pruned checkpoint was damaged, or could not be loaded."""
+    import shutil
+
+    import mlx_lm
+
+    import mlx_grpo.run.checkpoint as checkpoint
+
+    out = tmp_path / "run"
+    shutil.copytree(three_steps, out)
+    module, name = (checkpoint, "_sha256") if when == "checking" else (mlx_lm, "load")
+    real, calls = getattr(module, name), []
+
+    def racing(*args, **kwargs):
+        if not calls:
+            _train_and_prune(out)
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(module, name, racing)
+    capsys.readouterr()
+    assert cli.main(COMMANDS["generate"](str(out), tmp_path)) == 0, capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "mlx-grpo: error" not in err and "damaged" not in err, err
+    from mlx_grpo.models.named import load_model
+
+    assert load_model(str(out)).checkpoint == out / "checkpoints" / "step_000004"
 
 
 @pytest.mark.parametrize("command", COMMANDS)

@@ -220,3 +220,53 @@ def test_a_tracker_that_cannot_start_stops_the_run_with_one_line(tmp_path):
     assert proc.returncode == 2 and "Traceback" not in proc.stderr, proc.stderr[-3000:]
     assert proc.stderr.splitlines()[-1].startswith(
         "mlx-grpo: error: logging.report_to: wandb could not start: UsageError: No API key configured"), proc.stderr
+
+
+@needs("tensorboard")
+def test_tensorboard_holds_each_step_once_after_a_resume_that_redoes_steps(tmp_path, monkeypatch, capsys):
+    """Step 3 is logged, then its checkpoint cannot be written (a full disk); the resume from step 2
+    redoes step 3. TensorBoard shows each step once, with the resumed run's numbers."""
+    import errno
+
+    # the accumulator TensorBoard's server reads with; it holds every value as a tensor
+    from tensorboard.backend.event_processing.plugin_event_accumulator import EventAccumulator
+    from tensorboard.util import tensor_util
+
+    import mlx_grpo.commands.train as train_mod
+
+    out = tmp_path / "run"
+    sets = [*FAST, "training.max_steps=4", "checkpoint.save_every=1", f'output_dir="{out}"',
+            'logging.report_to=["tensorboard"]']
+    args = ["train", "--config", "configs/smoke_test.toml", *[x for s in sets for x in ("--set", s)]]
+    real = train_mod.save_checkpoint
+
+    def full_at_3(output_dir, step, **kwargs):
+        if step == 3:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(output_dir, step, **kwargs)
+
+    monkeypatch.setattr(train_mod, "save_checkpoint", full_at_3)
+    assert cli.main(args) == 2
+    assert [r["step"] for r in read_metrics(out)] == [1, 2, 3]
+    monkeypatch.setattr(train_mod, "save_checkpoint", real)
+    assert cli.main([*args, "--resume"]) == 0
+    board = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    board.Reload()
+    value = lambda e: tensor_util.make_ndarray(e.tensor_proto)
+    rows = read_metrics(out)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    for key in ("reward", "loss", "completions/mean_length"):
+        assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors(key)] == [
+            (r["step"], r[key]) for r in rows]
+    assert [e.step for e in board.Tensors("completions")] == [1, 2, 3, 4]
+    configs = [(e.step, json.loads(value(e)[0].decode().strip("`\n"))) for e in board.Tensors("config")]
+    assert [(step, c["checkpoint"]["resume"]) for step, c in configs] == [(0, False), (3, True)]
+
+    # --overwrite starts over: the earlier run's event files stay in the folder, and are not shown
+    assert cli.main([*args, "--set", "training.max_steps=2", "--set", "seed=5", "--overwrite"]) == 0
+    board = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
+    board.Reload()
+    rows = read_metrics(out)
+    assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors("reward")] == [
+        (r["step"], r["reward"]) for r in rows] and len(rows) == 2
+    assert [e.step for e in board.Tensors("config")] == [0]

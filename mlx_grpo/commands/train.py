@@ -87,12 +87,13 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
     stream = prompt_stream(tr.examples, groups, cfg, start)
-    log = StepLog(cfg, fresh=start is None) if world.is_main else None
+    log = StepLog(cfg, first=start.step + 1 if start else 1) if world.is_main else None
     announce(cfg, tr, world)
     ckpt, first, bad_steps = resume(start, tr, cfg, world) if start else (None, 1, 0)
     memory_first(cfg, tr, world)  # a run that cannot hold its longest samples stops here, not at step 600
     # rank 0 alone: every rank holds the same parameters
-    moved = MovementCheck(tr.model, tr.optimizer, cfg.logging.warn_unmoved_after) if world.is_main else None
+    moved = (MovementCheck(tr.model, tr.optimizer, cfg.logging.warn_unmoved_after, start and start.movement)
+             if world.is_main else None)
 
     # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
@@ -130,7 +131,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
             log.write(metrics, drawn, console, trained=bool(update_metrics))
         requested = world.max(float(stop.requested)) > 0  # all ranks stop after the same step
         if world.is_main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
-            ckpt = save(tr, cfg, step, stream, bad_steps)
+            ckpt = save(tr, cfg, step, stream, bad_steps, moved)
         if requested and step < t.max_steps:  # a stop asked for in the last step: the run is complete
             if log:
                 log.finish(ckpt, t.max_steps, stopped=True)
@@ -237,11 +238,12 @@ def resume(start, tr: Trainer, cfg, world) -> tuple[Path, int, int]:
     return start.checkpoint, start.step + 1, start.bad_steps
 
 
-def save(tr: Trainer, cfg, step: int, stream: PromptStream, bad_steps: int) -> Path:
+def save(tr: Trainer, cfg, step: int, stream: PromptStream, bad_steps: int, moved: MovementCheck) -> Path:
     return save_checkpoint(
         cfg.output_dir, step, model=tr.model, tokenizer=tr.tokenizer, optimizer=tr.optimizer, cfg=cfg,
         base_path=tr.base_path, num_layers=tr.num_layers, keep_last=cfg.checkpoint.keep_last,
-        trainer_state={"data_position": stream.position, "bad_steps": bad_steps, "rng": capture_rng()},
+        trainer_state={"data_position": stream.position, "bad_steps": bad_steps, "rng": capture_rng(),
+                       "movement": moved.state()},
     )
 
 

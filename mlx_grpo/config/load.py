@@ -21,7 +21,7 @@ from typing import Any
 
 import tomli_w
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.errors import UserError, naming
 from mlx_grpo.config.rules import RETIRED, RULES, SEED_LIMIT
 from mlx_grpo.config.sections import Config
 
@@ -182,8 +182,11 @@ def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Se
         _merge(cfg, config_to_dict(profile), "", "config")
     elif isinstance(profile, dict):
         _merge(cfg, profile, "", "config")
-    elif profile is not None:
+    elif isinstance(profile, (str, os.PathLike)):
         _merge(cfg, _read_profile(profile), "", str(profile), saved)
+    elif profile is not None:  # never open(int): that is a file descriptor, closed after reading
+        raise ConfigError(f"profile: expected a TOML file's path, a dict or a Config, got "
+                          f"{type(profile).__name__} {profile!r:.60}")
     for item in overrides:
         _merge(cfg, _parse_override(item), "", f"--set {item}")
     for key, value in (keywords or {}).items():
@@ -224,5 +227,10 @@ def save_config(cfg: Config, path: str | os.PathLike) -> None:
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    try:
+        with naming(path):  # a full disk: the error names config.toml, and no .tmp stays behind
+            tmp.write_text(tomli_w.dumps(config_to_dict(cfg)), encoding="utf-8")
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)  # whole or not at all: a full disk never leaves a 0-byte config.toml

@@ -190,9 +190,27 @@ def _messages(prompt: list, index: int, label: str, key: str) -> list[dict]:
     return [{"role": m["role"], "content": m["content"]} for m in prompt]
 
 
+# A normalizer may fold a few characters into one (NFKC, combining marks) before tokenizing.
+_CHARS_PER_NORMALIZED_CHAR = 4
+
+
+def _longest_token(tokenizer) -> int:
+    """The most characters one token can stand for: its longest vocabulary entry (a byte-level
+    entry has a character per byte, a SentencePiece one its text; either is at least as long as
+    what it decodes to)."""
+    vocab = tokenizer.get_vocab()
+    return max(map(len, vocab), default=1) or 1
+
+
 def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Example], int]:
-    """Examples for rows that fit in cfg.max_prompt_tokens, and the count skipped."""
+    """Examples for rows that fit in cfg.max_prompt_tokens, and the count skipped.
+
+    A question longer than the most characters max_prompt_tokens tokens can stand for is skipped
+    before the chat template and the tokenizer see it: tokenizing a 50 MB row took minutes and
+    11 GB of memory only to find it too long.
+    """
     examples, skipped = [], 0
+    most_chars = cfg.max_prompt_tokens * _longest_token(tokenizer) * _CHARS_PER_NORMALIZED_CHAR
     for i, row in enumerate(rows):
         prompt = row.get(cfg.prompt_field)
         if isinstance(prompt, list):  # conversational: the rewards see the last user message
@@ -202,6 +220,9 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
             question = _field(row, cfg.prompt_field, i, label, "data.prompt_field")
             messages = prompt_messages(question, cfg.system_prompt)
         answer = _field(row, cfg.answer_field, i, label, "data.answer_field") if cfg.answer_field else None
+        if len(question) > most_chars:  # the prompt holds the question, so it has more tokens than allowed
+            skipped += 1
+            continue
         text = render_text(tokenizer, messages)
         tokens = tokenizer.encode(text, add_special_tokens=False)
         if len(tokens) > cfg.max_prompt_tokens:

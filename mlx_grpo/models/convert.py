@@ -24,13 +24,17 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
     """Yield a fresh temporary folder that becomes `dst` when the block succeeds.
 
     `keep`: (what, path) pairs the command reads; `dst` may not be, hold or lie inside one of
-    them, nor hold a training run (run/guard.py)."""
+    them, nor hold a training run (run/guard.py). The folder is `.<name>.tmp<pid>` beside `dst`;
+    one left by a process that no longer runs (a SIGKILL, a power cut), the size of a model, is
+    removed first.
+    """
     check_replaceable(dst, flag, keep)
     dst = Path(dst).expanduser()
     if dst.exists() and not dst.is_dir():
         raise ModelError(f"{flag} {dst}: exists and is not a folder")
     if dst.is_dir() and any(dst.iterdir()) and not force:
         raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+    _remove_abandoned(dst)
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
     tmp.mkdir(parents=True)
@@ -41,6 +45,23 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
         tmp.rename(dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _remove_abandoned(dst: Path) -> None:
+    """Remove the temporary folders of earlier writes of `dst` whose process has ended."""
+    if not dst.parent.is_dir():
+        return
+    prefix = f".{dst.name}.tmp"
+    for old in dst.parent.iterdir():
+        pid = old.name[len(prefix):]
+        if not (old.name.startswith(prefix) and pid.isdigit() and old.is_dir()):
+            continue
+        try:
+            os.kill(int(pid), 0)
+        except ProcessLookupError:  # that write ended without cleaning up
+            shutil.rmtree(old, ignore_errors=True)
+        except PermissionError:  # a live process of another user
+            pass
 
 
 def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits: int = 4,
@@ -54,11 +75,16 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
         raise ModelError(f"--hf-path {hf_path}: no such folder")
     if not Path(source).expanduser().exists():  # a hub id: one line at once when the hub cannot be reached
         source = hub_or_cache(source, "--hf-path")
-    with output_folder(mlx_path, force, keep=[("the --hf-path folder", source)]) as tmp:
-        tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
-        quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
-                q_group_size=q_group_size if quantize else None, dtype=dtype,
-                trust_remote_code=trust_remote_code)
+    try:
+        with output_folder(mlx_path, force, keep=[("the --hf-path folder", source)]) as tmp:
+            tmp.rmdir()  # mlx-lm refuses a destination that exists, even an empty one
+            quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
+                          q_group_size=q_group_size if quantize else None, dtype=dtype,
+                          trust_remote_code=trust_remote_code)
+    except (OSError, RuntimeError) as e:  # a full disk; MLX raises RuntimeError for its writes
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())
+        raise ModelError(f"--mlx-path {mlx_path}: converting {hf_path} failed ({reason}); "
+                         "nothing was left there or beside it") from e
     return Path(mlx_path).expanduser()
 
 

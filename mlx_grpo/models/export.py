@@ -15,6 +15,7 @@ from mlx_lm.utils import dequantize_model
 
 from mlx_grpo.models.adapters import fuse_adapters
 from mlx_grpo.config import save_config
+from mlx_grpo.errors import ModelError
 from mlx_grpo.models.convert import output_folder
 from mlx_grpo.models.named import load_model
 from mlx_grpo.models.saved_template import write_system_prompt
@@ -36,11 +37,16 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
         model = dequantize_model(model)
         config.pop("quantization", None)
         config.pop("quantization_config", None)
-    with output_folder(out, force, flag="--out", keep=keep) as tmp:
-        mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
-        write_system_prompt(tmp, loaded.system_prompt)
-        if loaded.config is not None:
-            save_config(loaded.config, tmp / CONFIG)
+    try:
+        with output_folder(out, force, flag="--out", keep=keep) as tmp:
+            mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
+            write_system_prompt(tmp, loaded.system_prompt)
+            if loaded.config is not None:
+                save_config(loaded.config, tmp / CONFIG)
+    except (OSError, RuntimeError) as e:  # a full disk; MLX raises RuntimeError for its writes
+        reason = getattr(e, "strerror", None) or " ".join(str(e).split())
+        raise ModelError(f"--out {out}: cannot write the model ({reason}); "
+                         f"nothing was left there or beside it") from e
     return Path(out).expanduser()
 
 

@@ -1,7 +1,8 @@
 """Finding and loading the model a user names with `--model M` (generate, chat, eval, export).
 
 M is one of, tried in this order:
-- a run folder (it has `checkpoints/`): its latest complete checkpoint;
+- a run folder (it has `checkpoints/`): its newest intact checkpoint (a damaged newer one is
+  skipped with a warning naming it);
 - an adapter checkpoint (`adapter_config.json`): the base named by its `config.toml` (loaded
   as the run loaded it: same dtype, same quantization), with the adapters on top;
 - a model folder (`config.json`): a full checkpoint, an exported or a converted folder;
@@ -12,6 +13,7 @@ checkpoint, the adapter or the exported folder has one, supplies the system prom
 
 from dataclasses import dataclass
 from pathlib import Path
+import sys
 
 import mlx_lm
 from mlx_lm.tuner.utils import load_adapters
@@ -21,7 +23,7 @@ from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.errors import ModelError
 from mlx_grpo.models.load import hub_or_cache, load_base, resolve_model_path
 from mlx_grpo.data.chat import DEFAULT_SYSTEM_PROMPT
-from mlx_grpo.run.checkpoint import checkpoint_damage
+from mlx_grpo.run.checkpoint import checkpoint_damage, newest_intact
 from mlx_grpo.run.layout import (
     ADAPTER_CONFIG, CHECKPOINTS, CONFIG, MANIFEST, MODEL_CONFIG, latest_checkpoint, run_dir_of,
 )
@@ -47,19 +49,42 @@ def _run_config(folder: Path) -> Config | None:
     return load_config(path, saved=True) if path.is_file() else None
 
 
-def _checkpoint_of(spec: str, path: Path, flag: str) -> Path:
-    """The folder holding the weights: a run folder gives its latest checkpoint."""
-    if (path / CHECKPOINTS).is_dir() and not (path / MODEL_CONFIG).exists():
-        found = latest_checkpoint(path)
-        if found is None:
-            raise ModelError(f"{flag} {spec}: run folder {path} has no complete checkpoint yet")
-        return found
-    return path
+def _is_run(path: Path) -> bool:
+    return (path / CHECKPOINTS).is_dir() and not (path / MODEL_CONFIG).exists()
 
 
-def _load_folder(spec: str, path: Path, flag: str) -> LoadedModel:
-    ckpt = _checkpoint_of(spec, path, flag)
-    if (ckpt / MANIFEST).is_file() and (problem := checkpoint_damage(ckpt)):
+def _newest_checkpoint(spec: str, run: Path, flag: str) -> Path:
+    """A run folder's newest intact checkpoint; each damaged newer one is named in a warning."""
+    ckpt, damaged = newest_intact(run)
+    if ckpt is None:
+        if damaged:
+            raise ModelError(f"{flag} {spec}: run folder {run} has no intact checkpoint ({'; '.join(damaged)})")
+        raise ModelError(f"{flag} {spec}: run folder {run} has no complete checkpoint yet")
+    if damaged:
+        print(f"mlx-grpo: warning: damaged checkpoint(s) skipped: {'; '.join(damaged)}; using {ckpt.name}",
+              file=sys.stderr)
+    return ckpt
+
+
+_ATTEMPTS = 3  # a run checkpoints far less often than a model loads
+
+
+def _load_run(spec: str, run: Path, flag: str) -> LoadedModel:
+    """The newest intact checkpoint of a run folder, loaded. A run training there writes new
+    checkpoints and prunes old ones meanwhile, which may remove the one being read: when a newer
+    checkpoint has appeared since, the newest is read again instead of reporting the removal."""
+    for attempt in range(_ATTEMPTS):
+        newest = latest_checkpoint(run)
+        try:
+            return _load_folder(spec, _newest_checkpoint(spec, run, flag), flag, verified=True)
+        except ModelError:
+            if attempt == _ATTEMPTS - 1 or latest_checkpoint(run) == newest:
+                raise
+
+
+def _load_folder(spec: str, ckpt: Path, flag: str, verified: bool = False) -> LoadedModel:
+    """A checkpoint, adapter or model folder (`verified`: its manifest was checked)."""
+    if not verified and (ckpt / MANIFEST).is_file() and (problem := checkpoint_damage(ckpt)):
         raise ModelError(f"{flag} {spec}: checkpoint {ckpt} is damaged: {problem}")
     cfg = _run_config(ckpt)
     if (ckpt / ADAPTER_CONFIG).is_file():
@@ -115,7 +140,7 @@ def load_model(spec: str, adapter: str | None = None, flag: str = "--model") -> 
     how the user gave M (`--model`, or export's SOURCE), which every error names."""
     path = Path(spec).expanduser()
     if path.is_dir():
-        loaded = _load_folder(spec, path, flag)
+        loaded = _load_run(spec, path, flag) if _is_run(path) else _load_folder(spec, path, flag)
     elif path.exists():
         raise ModelError(f"{flag} {spec}: is a file, not a model or run folder")
     elif is_local_path(spec):

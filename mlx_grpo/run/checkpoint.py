@@ -119,30 +119,28 @@ def write_manifest(folder: Path) -> None:
 def checkpoint_damage(folder) -> str | None:
     """What is wrong with a checkpoint folder (naming the file), or None when it is intact.
 
-    With a manifest every listed file must be there with its size and sha256. A checkpoint
-    written before manifests existed is accepted when its trainer_state.json and config.toml
-    parse; its weights are then checked only by loading them.
+    With a manifest every listed file must be there with its size and sha256; a manifest that
+    is empty, `null` or lists no trainer_state.json is damage too. A checkpoint written before
+    manifests existed is accepted when its trainer_state.json and config.toml parse and each
+    .safetensors file is whole (its header's tensors end where the file ends); its weights are
+    then checked only by loading them.
     """
     folder = Path(folder)
     try:
-        manifest = json.loads((folder / MANIFEST).read_text())
+        text = (folder / MANIFEST).read_text()
     except FileNotFoundError:
-        manifest = None
-    except (OSError, ValueError) as e:
+        return _unverified_damage(folder)
+    except OSError as e:
         return f"{MANIFEST} is unreadable ({e})"
-    if manifest is None:
-        import tomllib
-
-        try:
-            json.loads((folder / TRAINER_STATE).read_text())
-            if (folder / CONFIG).exists():
-                tomllib.loads((folder / CONFIG).read_text())
-        except (OSError, ValueError) as e:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
-            return f"{TRAINER_STATE} or {CONFIG} is unreadable ({e})"
-        return None
     try:
-        for name, entry in manifest.items():
-            path = folder / name
+        manifest = json.loads(text)
+    except ValueError as e:
+        return f"{MANIFEST} is unreadable ({e})"
+    if not isinstance(manifest, dict) or TRAINER_STATE not in manifest:
+        return f"{MANIFEST} is unreadable (not a manifest: {text[:40]!r})"
+    for name, entry in manifest.items():
+        path = folder / name
+        try:
             if not path.is_file():
                 return f"{name} is missing"
             size = path.stat().st_size
@@ -150,9 +148,65 @@ def checkpoint_damage(folder) -> str | None:
                 return f"{name} has {size} bytes, {entry['size']} were written"
             if _sha256(path) != entry["sha256"]:
                 return f"{name} differs from what was written (sha256)"
-    except (AttributeError, KeyError, TypeError):
-        return f"{MANIFEST} is unreadable (not a manifest)"
+        except FileNotFoundError:  # removed while it was read (a run pruning its checkpoints)
+            return f"{name} is missing"
+        except OSError as e:
+            return f"{name} is unreadable ({e.strerror})"
+        except (AttributeError, KeyError, TypeError):
+            return f"{MANIFEST} is unreadable (not a manifest)"
     return None
+
+
+def _unverified_damage(folder: Path) -> str | None:
+    """A checkpoint without a manifest: its state files parse and its weights files are whole."""
+    import tomllib
+
+    try:
+        json.loads((folder / TRAINER_STATE).read_text())
+        if (folder / CONFIG).exists():
+            tomllib.loads((folder / CONFIG).read_text())
+    except (OSError, ValueError) as e:  # TOMLDecodeError and UnicodeDecodeError are ValueErrors
+        return f"{MANIFEST} is missing and {TRAINER_STATE} or {CONFIG} is unreadable ({e})"
+    for path in sorted(folder.glob("*.safetensors")):
+        if problem := _safetensors_damage(path):
+            return f"{MANIFEST} is missing and {path.name} {problem}"
+    return None
+
+
+def _safetensors_damage(path: Path) -> str | None:
+    """Whether a .safetensors file is cut short or not one: an 8-byte header length, a JSON
+    header, then the tensors' bytes, which end where the header says the last one ends."""
+    size = path.stat().st_size
+    try:
+        with open(path, "rb") as f:
+            length = int.from_bytes(f.read(8), "little")
+            if size < 8 or length > size - 8:
+                return f"has {size} bytes, too few for its header"
+            header = json.loads(f.read(length))
+        end = max((t["data_offsets"][1] for k, t in header.items() if k != "__metadata__"), default=0)
+    except (OSError, ValueError, KeyError, TypeError, IndexError, AttributeError) as e:
+        return f"is not a safetensors file ({type(e).__name__})"
+    if size != 8 + length + end:
+        return f"has {size} bytes, its header needs {8 + length + end}"
+    return None
+
+
+def newest_intact(output_dir) -> tuple[Path | None, list[str]]:
+    """The newest checkpoint of a run whose files are as written, or None, and `step_N: problem`
+    for each newer one that is damaged, newest first. A checkpoint without a manifest is damaged
+    when an older one of the run has one: this version writes one into every checkpoint."""
+    found = list_checkpoints(output_dir)
+    manifests = [(ckpt / MANIFEST).exists() for ckpt in found]
+    damaged = []
+    for i in reversed(range(len(found))):
+        if not manifests[i] and any(manifests[:i]):
+            problem = f"{MANIFEST} is missing (the earlier checkpoints have one)"
+        else:
+            problem = checkpoint_damage(found[i])
+        if problem is None:
+            return found[i], damaged
+        damaged.append(f"{found[i].name}: {problem}")
+    return None, damaged
 
 
 def load_optimizer_state(path: Path):

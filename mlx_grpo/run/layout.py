@@ -1,6 +1,6 @@
 """The run folder's layout: every file name a run writes, in one place.
 
-    <output_dir>/.lock                         held (flock) by the process training here
+    <output_dir>/.lock                         locked (lockf) by the process training here
     <output_dir>/config.toml                   the resolved config
     <output_dir>/metrics.jsonl                 one JSON object per step
     <output_dir>/completions.jsonl             the logged sample completions

@@ -8,6 +8,7 @@ from pathlib import Path
 
 from tqdm.utils import disp_len
 
+from mlx_grpo.errors import naming
 from mlx_grpo.run.console import WIDTH, fit, pack
 from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS
 
@@ -19,12 +20,13 @@ class MetricsLog:
         self.path = Path(output_dir) / METRICS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
-            self.path.write_text("")
+            with naming(self.path):
+                self.path.write_text("")
 
     def write(self, metrics: dict):
         # JSON has no NaN; a non-finite value is written as null so the file stays valid.
         clean = {k: (v if not isinstance(v, float) or math.isfinite(v) else None) for k, v in metrics.items()}
-        with self.path.open("a") as f:
+        with naming(self.path), self.path.open("a") as f:
             f.write(json.dumps(clean) + "\n")
 
 
@@ -36,7 +38,8 @@ class CompletionLog:
         self.path = Path(output_dir) / COMPLETIONS
         self.path.parent.mkdir(parents=True, exist_ok=True)
         if fresh:
-            self.path.write_text("")
+            with naming(self.path):
+                self.path.write_text("")
 
     def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int) -> list[dict]:
         """The first `count` samples of a step; per_name maps each reward's name to its scores.
@@ -44,7 +47,7 @@ class CompletionLog:
         rows = [{"step": step, "prompt": prompts[i], "completion": completions[i], "reward": float(rewards[i]),
                  "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
                 for i in range(min(count, len(completions)))]
-        with self.path.open("a") as f:
+        with naming(self.path), self.path.open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         return rows
 
@@ -98,10 +101,15 @@ def truncate_jsonl(path, last_step: int) -> list[int]:
         if isinstance(step, int) and step <= last_step:
             kept.append(line + b"\n")
     if damaged:
-        with open(str(path) + DAMAGED_SUFFIX, "ab") as f:
+        with naming(str(path) + DAMAGED_SUFFIX), open(str(path) + DAMAGED_SUFFIX, "ab") as f:
             f.writelines(line + b"\n" for _, line in damaged)
     tmp = path.with_name(path.name + ".tmp")
-    tmp.write_bytes(b"".join(kept))
+    try:
+        with naming(path):
+            tmp.write_bytes(b"".join(kept))
+    except OSError:
+        tmp.unlink(missing_ok=True)
+        raise
     os.replace(tmp, path)  # a kill while rewriting keeps the old file whole
     return [number for number, _ in damaged]
 

@@ -3,7 +3,8 @@ and putting a checkpoint's state back so the resumed run repeats the uninterrupt
 
 The state a checkpoint restores: the trainable weights (full model or adapters), the
 optimizer state (its `step` drives the learning-rate schedule), the data position, the
-count of skipped bad steps, and the MLX, NumPy and Python PRNG states. The resolved config
+count of skipped bad steps, the MLX, NumPy and Python PRNG states, and the unmoved-tensor
+check's start (update/movement.py). The resolved config
 is compared key by key with the run's; any difference except `training.max_steps`, the
 `[logging]` section, `checkpoint.resume` and `output_dir` (where the run is, not what it
 is) stops the resume unless forced.
@@ -19,7 +20,7 @@ import mlx.core as mx
 
 from mlx_grpo.config import config_to_dict
 from mlx_grpo.errors import TrainingError
-from mlx_grpo.run.checkpoint import checkpoint_damage, load_optimizer_state
+from mlx_grpo.run.checkpoint import load_optimizer_state, newest_intact
 from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import (
     ADAPTER_WEIGHTS, CHECKPOINTS, CONFIG, METRICS, RUN_FILES, TRAINER_STATE, checkpoint_dir, list_checkpoints,
@@ -36,12 +37,14 @@ class ResumePoint:
     data_position: int
     bad_steps: int
     rng: dict
+    movement: dict | None = None  # update/movement.py's check, when the run has one
 
     @classmethod
     def read(cls, checkpoint: Path) -> "ResumePoint":
         """The state a checkpoint folder holds, from its trainer_state.json."""
         state = read_trainer_state(checkpoint)
-        return cls(checkpoint, state["step"], state["data_position"], state["bad_steps"], state["rng"])
+        return cls(checkpoint, state["step"], state["data_position"], state["bad_steps"], state["rng"],
+                   state.get("movement"))
 
 
 def _flat(table: dict, prefix: str = "") -> dict:
@@ -91,17 +94,13 @@ def _check_same_run(cfg, config_file: Path, force: bool) -> None:
 def newest_intact_checkpoint(out: Path) -> Path | None:
     """The newest checkpoint whose files are as written; each damaged newer one is named in a
     warning. Raises when checkpoints exist but none is intact."""
-    found = list_checkpoints(out)
-    damaged = []
-    for ckpt in reversed(found):
-        problem = checkpoint_damage(ckpt)
-        if problem is None:
-            if damaged:
-                print(f"mlx-grpo: warning: damaged checkpoint(s) skipped: {'; '.join(damaged)}; "
-                      f"resuming from {ckpt.name}", file=sys.stderr)
-            return ckpt
-        damaged.append(f"{ckpt.name}: {problem}")
-    if damaged:
+    ckpt, damaged = newest_intact(out)
+    if ckpt is not None:
+        if damaged:
+            print(f"mlx-grpo: warning: damaged checkpoint(s) skipped: {'; '.join(damaged)}; "
+                  f"resuming from {ckpt.name}", file=sys.stderr)
+        return ckpt
+    if damaged:  # --overwrite deletes no intact checkpoint here: there is none
         raise TrainingError(f"checkpoint.resume: no intact checkpoint in {out / CHECKPOINTS} "
                             f"({'; '.join(damaged)}); pass --overwrite to start over")
     return None
@@ -164,7 +163,16 @@ def restore_training_state(point: ResumePoint, model, optimizer, lora: bool) -> 
         mx.eval(model.parameters(), optimizer.state)
     except (OSError, RuntimeError, ValueError) as e:
         raise TrainingError(f"checkpoint.resume: cannot load {point.checkpoint} ({' '.join(str(e).split())}); "
-                            "pass --overwrite to start over") from e
+                            f"{_without(point.checkpoint)}") from e
+
+
+def _without(ckpt: Path) -> str:
+    """What to do about a checkpoint that does not load: never --overwrite while an earlier
+    checkpoint could still be resumed from, as it would delete that one too."""
+    earlier = [c for c in list_checkpoints(ckpt.parent.parent) if c.name < ckpt.name]
+    if not earlier:
+        return "pass --overwrite to start over"
+    return f"move it out of {ckpt.parent} to resume from {earlier[-1].name}, the checkpoint before it"
 
 
 def share_resume_point(start: ResumePoint | None, output_dir, world) -> ResumePoint | None:

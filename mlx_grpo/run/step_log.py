@@ -20,14 +20,15 @@ class StepLog:
     """Rank 0's record of the run: config.toml, metrics.jsonl, completions.jsonl, the console,
     the live warnings and the tripwires."""
 
-    def __init__(self, cfg, fresh: bool):
+    def __init__(self, cfg, first: int):
         out = self.out = Path(cfg.output_dir)
+        fresh = first == 1
         self.started = time.perf_counter()
         out.mkdir(parents=True, exist_ok=True)
         save_config(cfg, out / CONFIG)
         self.metrics, self.samples = MetricsLog(out, fresh=fresh), CompletionLog(out, fresh=fresh)
         self.watchers = (RunWatcher.from_config(cfg.logging), Tripwires.from_config(cfg.logging))
-        self.trackers = Trackers(cfg, say)  # logging.report_to: each gets what metrics.jsonl gets
+        self.trackers = Trackers(cfg, say, first)  # logging.report_to: each gets what metrics.jsonl gets
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
 
     def write(self, metrics: dict, drawn, console: Console, trained: bool) -> None:

@@ -75,15 +75,27 @@ SAMPLE_COLUMNS = ["step", "prompt", "completion", "reward"]
 
 
 class TensorBoard:
-    """Scalars per step; the config and the samples as text (TensorBoard's Text tab)."""
+    """Scalars per step; the config and the samples as text (TensorBoard's Text tab).
 
-    def __init__(self, out: Path, run_name: str, project: str, config: dict):
+    The folder keeps the event files of earlier starts (a killed run, an overwritten one). Each
+    start opens with a restart marker (a SessionLog START) at its first step, 0 for a fresh run
+    and N + 1 after resuming from step N: TensorBoard then drops what earlier files hold from that
+    step on, so no step is plotted twice. The marker is written twice, as TensorBoard takes the
+    first one it reads (in a folder written before markers, the resumed run's) for the run's
+    beginning. The config goes at that step too.
+    """
+
+    def __init__(self, out: Path, run_name: str, project: str, config: dict, start: int = 0):
         require("tensorboard")
+        from tensorboard.compat.proto.event_pb2 import Event, SessionLog
         from tensorboard.summary.writer.event_file_writer import EventFileWriter
 
         self.logdir = out / "tensorboard"
         self.writer = EventFileWriter(str(self.logdir))
-        self._text("config", "```\n" + json.dumps(config, indent=2) + "\n```", step=0)
+        restart = SessionLog(status=SessionLog.START)
+        for _ in range(2):  # TensorBoard reads the first START of a folder as its beginning, not a restart
+            self.writer.add_event(Event(wall_time=time.time(), step=start, session_log=restart))
+        self._text("config", "```\n" + json.dumps(config, indent=2) + "\n```", step=start)
         self.where = f"tensorboard --logdir {self.logdir}"
 
     def _event(self, step: int, values: list) -> None:
@@ -171,7 +183,7 @@ TRACKERS = {"tensorboard": TensorBoard, "wandb": WandB, "trackio": Trackio}
 class Trackers:
     """The trackers of logging.report_to, fed together; none when the list is empty."""
 
-    def __init__(self, cfg, say=print):
+    def __init__(self, cfg, say=print, first_step: int = 1):
         log = cfg.logging
         out = Path(cfg.output_dir)
         name = log.run_name or out.resolve().name
@@ -179,7 +191,9 @@ class Trackers:
         self.open = []
         for t in log.report_to:
             try:
-                self.open.append(TRACKERS[t](out, name, log.project, config))
+                # only TensorBoard's folder holds earlier starts; W&B and Trackio start a new run
+                start = {"start": 0 if first_step == 1 else first_step} if t == "tensorboard" else {}
+                self.open.append(TRACKERS[t](out, name, log.project, config, **start))
             except TrackerError:
                 raise
             except Exception as e:  # e.g. W&B online without a login or a network: one line, naming it

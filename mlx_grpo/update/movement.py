@@ -32,12 +32,28 @@ def unmoved(before: dict[str, bytes], after: dict[str, bytes]) -> list[str]:
 
 class MovementCheck:
     """Fingerprints the trainable tensors now; `__call__` returns {} until the optimizer has made
-    `after` updates since, then once the check's metrics (0 = never)."""
+    `after` updates since, then once the check's metrics (0 = never).
 
-    def __init__(self, model, optimizer, after: int):
+    `state()` goes into each checkpoint and `saved` brings it back on resume, so a resumed run
+    checks after the same update, against the tensors as the run started, as an uninterrupted
+    run does (and not again when it already has)."""
+
+    def __init__(self, model, optimizer, after: int, saved: dict | None = None):
         self.after, self.done = after, not after
+        if saved and after:
+            self.start, self.done = saved["start"], saved["done"]
+            self.before = {name: bytes.fromhex(h) for name, h in saved["before"].items()}
+            return
         self.start = int(optimizer.step.item()) if after else 0
         self.before = fingerprints(model) if after else {}
+
+    def state(self) -> dict | None:
+        """What a checkpoint keeps of the check (None when there is none): JSON, 32 hex digits
+        per tensor until it is made."""
+        if not self.after:
+            return None
+        before = {} if self.done else {name: h.hex() for name, h in self.before.items()}
+        return {"start": self.start, "done": self.done, "before": before}
 
     def __call__(self, model, optimizer) -> dict:
         if self.done or int(optimizer.step.item()) - self.start < self.after:

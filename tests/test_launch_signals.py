@@ -180,19 +180,40 @@ def test_a_second_signal_to_launch_kills_every_rank_at_once(tmp_path, name):
     assert not (tmp_path / "run" / "checkpoints").exists()
 
 
+STARTING = """import os, time
+from pathlib import Path
+(Path(__file__).parent / f"importing.{os.environ['MLX_RANK']}").touch()
+time.sleep(600)  # loading the rewards, before the training loop
+"""
+
+
+def _starting(proc, tmp_path) -> None:
+    """Wait until both ranks are loading STARTING."""
+    _wait_for(lambda: all((tmp_path / f"importing.{r}").exists() for r in range(2)), proc, tmp_path)
+
+
 @pytest.mark.slow  # ~15 s here
 def test_sigterm_to_launch_while_the_ranks_start_up_ends_them_with_one_line(tmp_path):
-    starting = ("import os, time\nfrom pathlib import Path\n"
-                "(Path(__file__).parent / f\"importing.{os.environ['MLX_RANK']}\").touch()\n"
-                "time.sleep(600)  # loading the rewards, before the training loop\n")
-    with launched(tmp_path, reward=starting) as proc:
-        _wait_for(lambda: all((tmp_path / f"importing.{r}").exists() for r in range(2)), proc, tmp_path)
+    with launched(tmp_path, reward=STARTING) as proc:
+        _starting(proc, tmp_path)
         proc.send_signal(signal.SIGTERM)
         rc, out, err = _ended(proc, tmp_path)
     assert rc == 143
     assert err.strip().splitlines()[-1] == ("mlx-grpo: stopped by SIGTERM outside the training loop (starting up "
                                             "or winding up); no checkpoint was written for the stop"), err[-3000:]
     assert "Traceback" not in err and not (tmp_path / "run" / "checkpoints").exists()
+
+
+@pytest.mark.slow  # ~15 s here
+def test_a_rank_killed_from_outside_fails_the_launch_and_stops_the_other(tmp_path):
+    with launched(tmp_path, reward=STARTING) as proc:
+        _starting(proc, tmp_path)
+        rank = next(pid for pid, _, args in _processes(str(tmp_path)) if " launch " not in args)
+        os.kill(rank, signal.SIGTERM)  # no stop handler yet: it dies of it
+        rc, out, err = _ended(proc, tmp_path)
+    assert rc == 2
+    assert err.strip().splitlines()[-1] == ("mlx-grpo: error: the launch failed: rank 0 was stopped, rank 1 was "
+                                            "stopped; each rank's own line above says why"), err[-3000:]
 
 
 def test_the_resume_command_is_the_launch_command_with_resume_for_overwrite():

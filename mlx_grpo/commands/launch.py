@@ -14,9 +14,10 @@ code), then runs the ranks itself (`run_ranks`):
   they have all exited, and the launch exits as they did;
 - a second SIGINT or SIGTERM kills every rank's process group at once; a SIGHUP (the terminal
   closed) stops the ranks as a SIGTERM does;
-- a rank that fails (an exit other than 0, 130 or 143) makes the others stop (SIGTERM), as
-  mlx.launch does, and the launch exits 2 with one line saying how each rank ended, below each
-  rank's own one-line reason.
+- a rank that fails (killed, or an exit other than 0, 130 or 143) makes the others stop
+  (SIGTERM), as mlx.launch does, and the launch exits 2 with one line saying how each rank
+  ended, below each rank's own one-line reason. A rank that stopped cleanly does not: rank 0
+  may still be writing its checkpoint.
 """
 
 import argparse
@@ -64,6 +65,11 @@ class Rank:
     @property
     def running(self) -> bool:
         return self.proc.poll() is None
+
+    @property
+    def failed(self) -> bool:
+        """Ended, neither complete nor stopped cleanly (killed by a signal counts as failed)."""
+        return self.proc.poll() not in (None, 0, *_STOPPED)
 
     @property
     def exit_code(self) -> int:
@@ -157,8 +163,7 @@ def run_ranks(arguments: list[tuple]) -> tuple[list[Rank], list[int]]:
                     for r in ranks:
                         r.kill()
                 handled += 1
-            if not any(r.stopped for r in ranks) and any(
-                    not r.running and r.exit_code not in (0, *_STOPPED) for r in ranks):
+            if not any(r.stopped for r in ranks) and any(r.failed for r in ranks):
                 for r in ranks:  # as mlx.launch does when a rank fails
                     if r.running:
                         r.stopped = True
@@ -205,11 +210,12 @@ def launch(argv: list[str]) -> int:
     codes = [r.exit_code for r in ranks]
     if len(signals) > 1:
         return 128 + signals[-1]
-    if any(c not in (0, *_STOPPED) for c in codes):
+    # a rank killed by the launcher's own signal (before its stop handler was set) did not fail
+    if any(c not in (0, *_STOPPED) for c in codes) or (not signals and any(r.failed for r in ranks)):
         # Which rank failed first is not known here: the others are stopped when one ends, and
         # a rank that was already exiting may then count as stopped.
-        ends = ", ".join(f"rank {r.rank} " + ("was stopped" if c in _STOPPED else f"exited with code {c}")
-                         for r, c in zip(ranks, codes) if c)
+        ends = ", ".join(f"rank {r.rank} " + ("was stopped" if c in _STOPPED or r.proc.returncode < 0
+                                              else f"exited with code {c}") for r, c in zip(ranks, codes) if c)
         raise LaunchError(f"the launch failed: {ends}; each rank's own line above says why")
     if signals and ranks and ranks[0].proc.returncode < 0:  # the signal ended it: it had no stop handler
         print(f"mlx-grpo: stopped by {signal.Signals(signals[0]).name} outside the training loop (starting up "

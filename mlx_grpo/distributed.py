@@ -26,6 +26,10 @@ import numpy as np
 
 from mlx_grpo.errors import TrainingError
 
+# Set by `mlx-grpo launch` for its ranks: the launch command line that resumes the run, which
+# rank 0 prints after a stop in place of its own `mlx-grpo train ... --resume`.
+RESUME_ENV = "MLX_GRPO_RESUME"
+
 
 @dataclass(frozen=True)
 class World:

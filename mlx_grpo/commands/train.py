@@ -10,6 +10,7 @@ what the loop runs on; this file composes the stages, and its `main` is the comm
 """
 
 from contextlib import nullcontext
+import os
 from pathlib import Path
 import shlex
 import signal
@@ -28,7 +29,7 @@ from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.config import load_config
 from mlx_grpo.data.load import PromptStream
 from mlx_grpo.distributed import (
-    allreduce_bytes, check_world, init_world, local_share, lost_rank, sampling_seed,
+    RESUME_ENV, allreduce_bytes, check_world, init_world, local_share, lost_rank, sampling_seed,
 )
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.models.load import resolve_dtype
@@ -97,7 +98,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
 
     # SIGINT/SIGTERM set a flag, read once per step; a SIGTERM may abandon a step that cannot
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
-    stop = StopRequest(can_abandon=world.size == 1)
+    stop = StopRequest(can_abandon=world.size == 1, quiet=not world.is_main)
     console = Console(first, t.max_steps, enabled=world.is_main, progress=progress)  # the bar, the lines above it
     draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world, console.sampling)
     for step in stop.watch(console):
@@ -136,7 +137,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
             if log:
                 log.finish(ckpt, t.max_steps, stopped=True)
             stop.restore()
-            raise RunStopped(stop.signum or signal.SIGTERM, step, ckpt)
+            raise RunStopped(stop.signum or signal.SIGTERM, step, ckpt, quiet=not world.is_main)
     console.close()
     if not world.is_main:
         return checkpoint_dir(out, t.max_steps)
@@ -288,9 +289,11 @@ def main(args) -> int:
         check_memory(cfg, args.memory_gb)
     try:
         train(cfg, config_path=args.config, overwrite=args.overwrite, force=args.force, progress=args.progress)
-    except RunStopped as e:
-        again = " ".join(["mlx-grpo train --config", shlex.quote(args.config),
-                          *(f"--set {shlex.quote(o)}" for o in args.overrides), "--resume"])
-        print(f"mlx-grpo: {e}\nmlx-grpo: resume with: {again}", file=sys.stderr)
+    except RunStopped as e:  # under `mlx-grpo launch`, rank 0 alone says so, with the launch's command
+        again = os.environ.get(RESUME_ENV) or " ".join(
+            ["mlx-grpo train --config", shlex.quote(args.config),
+             *(f"--set {shlex.quote(o)}" for o in args.overrides), "--resume"])
+        if not e.quiet:
+            print(f"mlx-grpo: {e}\nmlx-grpo: resume with: {again}", file=sys.stderr)
         return e.exit_code
     return 0

@@ -15,6 +15,9 @@ GRACE_S seconds of it are left, and otherwise after GRACE_S seconds if it has no
 by then. The step's work is discarded (nothing of it was written) and the last checkpoint
 stays the one to resume from. The exception comes between two Python statements, so a single
 MLX call in progress (one decoded token, one micro-batch's forward and backward) ends first.
+
+Of the ranks of a launched run (`mlx-grpo launch`, which passes each rank its signals), rank 0
+alone says anything: a stop is announced once.
 """
 
 from contextlib import contextmanager
@@ -29,10 +32,10 @@ GRACE_S = 5.0  # the longest a SIGTERM waits for a step to end by itself
 
 class RunStopped(Exception):
     """Training stopped on a signal after writing `checkpoint` at `step`; with `abandoned`, the
-    step after it was started and given up."""
+    step after it was started and given up; with `quiet` (a rank other than 0), it goes unsaid."""
 
-    def __init__(self, signum: int, step: int, checkpoint, abandoned: bool = False):
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
+    def __init__(self, signum: int, step: int, checkpoint, abandoned: bool = False, quiet: bool = False):
+        self.signum, self.step, self.checkpoint, self.quiet = signum, step, checkpoint, quiet
         name = signal.Signals(signum).name
         if abandoned:
             last = f"last checkpoint {checkpoint}" if checkpoint else "no checkpoint written yet"
@@ -54,11 +57,11 @@ class StepAbandoned(BaseException):
 class StopRequest:
     """While `watch(steps)` runs (or inside `with`), SIGINT/SIGTERM set `signum` instead of
     killing the run; with `can_abandon`, a SIGTERM inside `abandonable()` may end the step
-    (raising StepAbandoned there)."""
+    (raising StepAbandoned there); with `quiet`, nothing is printed."""
 
-    def __init__(self, can_abandon: bool = True):
+    def __init__(self, can_abandon: bool = True, quiet: bool = False):
         self.signum: int | None = None
-        self.can_abandon = can_abandon
+        self.can_abandon, self.quiet = can_abandon, quiet
         self._previous = {}
         self._work_started: float | None = None  # inside abandonable() since then
         self._durations: list[float] = []  # of the earlier steps' abandonable parts
@@ -115,11 +118,11 @@ class StopRequest:
             if left is not None and left > GRACE_S:
                 self._abandon(f"about {left:.0f} s of it are left by the earlier steps")
             self._arm()
-            if first:
+            if first and not self.quiet:
                 print(f"\nmlx-grpo: SIGTERM received; this step has {GRACE_S:g} s to finish, or it is "
                       "abandoned and the last checkpoint stays", file=sys.stderr, flush=True)
             return
-        if first:
+        if first and not self.quiet:
             print(f"\nmlx-grpo: {signal.Signals(signum).name} received; finishing this step and "
                   "writing a checkpoint (Ctrl-C again to quit at once)", file=sys.stderr, flush=True)
 

@@ -50,6 +50,7 @@ class DataConfig:
     prompt_field: str = "question"
     answer_field: str = "answer"  # "" = no reference answers
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_field: str = ""  # a field holding each row's own system prompt, in place of system_prompt; "" = none
     max_prompt_tokens: int = 512
     shuffle: bool = True
 

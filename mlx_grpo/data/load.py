@@ -8,7 +8,7 @@ takes `data_files` ({train = "a.jsonl", test = "b.jsonl"}). A single local file 
 """
 
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 import random
 import sys
@@ -30,10 +30,13 @@ class DataError(UserError, ValueError):
 
 @dataclass
 class Example:
-    question: str  # the raw prompt field
+    question: str  # the raw prompt field (a conversation's last user message)
     prompt: str  # the chat-rendered prompt text
     prompt_tokens: list[int]
-    answer: str | None
+    answer: object  # the answer field's value as loaded (text, number, list, table), or None
+    columns: dict = field(default_factory=dict)  # every field but the prompt, as loaded: the rewards' keywords
+    messages: list[dict] | None = None  # a conversational row's messages as rendered, system prompt included
+    row: int = -1  # the row's index in its split, which reward errors name
 
 
 def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "train", seed: int = 0,
@@ -178,6 +181,30 @@ def _field(row: dict, key: str, index: int, label: str, setting: str) -> str:
     return value
 
 
+def _answer(row: dict, key: str, index: int, label: str):
+    """The answer field's value as it is: text, a number, a list or a table reach the rewards unchanged."""
+    if key not in row:
+        _field(row, key, index, label, "data.answer_field")  # names the fields there are
+    value = row[key]
+    if value is None or (isinstance(value, str) and not value.strip()):
+        raise DataError(f"{label}: row {index} field {key!r} must hold a value (text, number, list or table), "
+                        f"got {value!r:.60}")
+    return value
+
+
+def _system(row: dict, cfg, index: int, label: str) -> str:
+    """The row's system prompt: data.system_field's text when that key is set ("" = none), else data.system_prompt."""
+    if not cfg.system_field:
+        return cfg.system_prompt
+    if cfg.system_field not in row:
+        _field(row, cfg.system_field, index, label, "data.system_field")
+    value = row[cfg.system_field]
+    if not isinstance(value, str):
+        raise DataError(f"{label}: row {index} field {cfg.system_field!r} (data.system_field) must be text, "
+                        f"got {value!r:.60}")
+    return value
+
+
 def _messages(prompt: list, index: int, label: str, key: str) -> list[dict]:
     """A conversational prompt's messages, checked: {role, content} each, with a user message."""
     roles = ("system", *ROLES)
@@ -194,20 +221,22 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
     """Examples for rows that fit in cfg.max_prompt_tokens, and the count skipped."""
     examples, skipped = [], 0
     for i, row in enumerate(rows):
-        prompt = row.get(cfg.prompt_field)
-        if isinstance(prompt, list):  # conversational: the rewards see the last user message
-            messages = prompt_messages(_messages(prompt, i, label, cfg.prompt_field), cfg.system_prompt)
+        prompt, system = row.get(cfg.prompt_field), _system(row, cfg, i, label)
+        conversational = isinstance(prompt, list)
+        if conversational:  # the rewards see the last user message (TRL-style ones: the messages)
+            messages = prompt_messages(_messages(prompt, i, label, cfg.prompt_field), system)
             question = next(m["content"] for m in reversed(messages) if m["role"] == "user")
         else:
             question = _field(row, cfg.prompt_field, i, label, "data.prompt_field")
-            messages = prompt_messages(question, cfg.system_prompt)
-        answer = _field(row, cfg.answer_field, i, label, "data.answer_field") if cfg.answer_field else None
+            messages = prompt_messages(question, system)
+        answer = _answer(row, cfg.answer_field, i, label) if cfg.answer_field else None
         text = render_text(tokenizer, messages)
         tokens = tokenizer.encode(text, add_special_tokens=False)
         if len(tokens) > cfg.max_prompt_tokens:
             skipped += 1
             continue
-        examples.append(Example(question, text, tokens, answer))
+        fields = {k: v for k, v in row.items() if k != cfg.prompt_field}  # the prompt reaches rewards as `prompts`
+        examples.append(Example(question, text, tokens, answer, fields, messages if conversational else None, i))
     return examples, skipped
 
 

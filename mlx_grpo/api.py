@@ -11,9 +11,11 @@ def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
     """Train with GRPO; returns the run's output folder.
 
     config: a TOML profile's path, a dict of the same shape, or a `Config`.
-    rewards: functions `fn(prompts, completions, answers, **kwargs) -> list[float]` or
-        (function, weight) pairs (weight 1.0 otherwise), in place of the config's [[rewards]];
-        each is logged as `rewards/<fn.__name__>/mean`.
+    rewards: functions (this project's `fn(prompts, completions, answers, **kwargs)` or TRL's
+        `fn(completions, **kwargs)` form, sync or async; one score or None per completion), names
+        as [[rewards]] takes them, or (function, weight) pairs (weight 1.0 otherwise, or
+        `reward_weights=[...]` as in TRL), in place of the config's [[rewards]]; each is logged
+        as `rewards/<fn.__name__>/mean`.
     dataset: the training rows, a list of dicts or a `datasets.Dataset`, in place of
         data.dataset (data.prompt_field and data.answer_field still name the fields).
     overrides: top-level keys (`output_dir="runs/x"`, `seed=1`) and sections as dicts
@@ -30,9 +32,11 @@ def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
     if rewards is not None:
         pairs = [_pair(r, RewardError) for r in rewards]
         base_dir = Path(config_path).parent if config_path else None
-        reward_set = RewardSet(pairs, base_dir=base_dir, group_size=cfg.generation.num_generations)
+        reward_set = RewardSet(pairs, base_dir=base_dir, group_size=cfg.generation.num_generations,
+                               weights=cfg.reward_weights)
         # config.toml records an importable function as module:function, which the CLI can load
-        cfg.rewards = [RewardConfig(name=_record(fn), weight=float(w)) for fn, w in pairs]
+        cfg.rewards = [RewardConfig(name=_record(fn), weight=reward_set.weights[k])
+                       for (fn, _), k in zip(pairs, reward_set.keys)]
     rows = None
     if dataset is not None:
         rows = [dict(row) if not isinstance(row, dict) else row for row in dataset]

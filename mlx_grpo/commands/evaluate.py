@@ -2,7 +2,7 @@
 
 Every configured reward is averaged over greedy completions, under the names training logs
 (`reward`, `rewards/<name>/mean`). The task metric follows from the data and the rewards:
-- GSM8K-style references (every answer ends in `#### N`): `accuracy`, the share of greedy
+- GSM8K-style references (every answer ends in `#### N`, or is a number): `accuracy`, the share of greedy
   answers whose number is right (pass@1) as the correctness reward reads it (the last number
   in the last <answer> tag, else the last number anywhere); beside it `accuracy_strict` (right
   and in the expected format: an <answer> tag holding just the number, or `#### N`) and
@@ -11,7 +11,7 @@ Every configured reward is averaged over greedy completions, under the names tra
   samples drawn at eval.temperature with generation's top_p, top_k and min_p;
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
   greedy completions against the references (rouge-score, stemmed).
-Identical (question, answer) rows are scored once, so a cycled split does not count twice.
+Identical rows (the same prompt and fields) are scored once, so a cycled split does not count twice.
 `mlx-grpo eval` writes the results JSON into the run folder, or under runs/eval/ for a model
 that is not a run, and never replaces an earlier file unless told to (`output_path`).
 """
@@ -39,6 +39,7 @@ from mlx_grpo.run.console import cap_width, show_bar
 from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
+from mlx_grpo.rollout.score import reward_batch
 
 
 @dataclass
@@ -73,8 +74,9 @@ def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str 
     """
     seen, out = set(), []
     for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split, setting=setting):
-        if (e.question, e.answer) not in seen:
-            seen.add((e.question, e.answer))
+        key = (e.prompt, json.dumps(e.columns, sort_keys=True, default=str))  # fields may be lists, tables
+        if key not in seen:
+            seen.add(key)
             out.append(e)
     return out[:limit] if limit else out
 
@@ -94,8 +96,9 @@ def _decode(model, tokenizer, examples, k: int, sampler, settings, bar) -> list[
 
 
 def is_gsm8k_style(answers) -> bool:
+    """Every reference is a number: a `#### N` text or a number in the data."""
     return bool(answers) and all(
-        isinstance(a, str) and "####" in a and extract_reference_number(a) is not None for a in answers
+        (not isinstance(a, str) or "####" in a) and extract_reference_number(a) is not None for a in answers
     )
 
 
@@ -145,8 +148,9 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
         if k > 1:
             sampler = make_rollout_sampler(settings.temperature, settings.top_p, settings.top_k, settings.min_p)
             sampled = _decode(model, tokenizer, examples, k, sampler, settings, bar)
-    questions, answers = [e.question for e in examples], [e.answer for e in examples]
-    totals, per_name = reward_set(questions, greedy, answers)
+    batch = reward_batch(examples, greedy, 1)
+    questions, answers = batch.prompts, batch.answers
+    totals, per_name = reward_set.score(batch)
     metrics = {"num_prompts": len(examples)}
     if is_gsm8k_style(answers):
         metrics.update(accuracy_metrics(greedy, answers))
@@ -155,7 +159,9 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
     if any("rouge" in name for name in per_name):
         metrics.update(rouge_metrics(greedy, answers))
     metrics["reward"] = float(np.mean(totals))
-    metrics.update({f"rewards/{name}/mean": float(np.mean(v)) for name, v in per_name.items()})
+    for name, scores in per_name.items():  # None (not scored) is left out, as in training
+        given = [v for v in scores if v is not None]
+        metrics[f"rewards/{name}/mean"] = float(np.mean(given)) if given else None
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in greedy]
     metrics["completions/mean_length"] = float(np.mean(lengths))
     samples = [
@@ -190,6 +196,7 @@ def make_training_eval(cfg, tokenizer, reward_set):
     def run(model) -> dict:
         streams = capture_rng()
         result = evaluate(model, tokenizer, examples, reward_set, settings, progress=False)
+        reward_set.take_timing()  # the eval's reward time is not the next step's
         restore_rng(streams)
         return {f"eval/{k}": v for k, v in result["metrics"].items()}  # printed after the step's line
 

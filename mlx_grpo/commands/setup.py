@@ -54,7 +54,7 @@ def make_rewards(cfg, config_path: str | None = None, group_size: int | None = N
     """
     base_dir = Path(config_path).parent if config_path else None
     group_size = cfg.generation.num_generations if group_size is None else group_size
-    return RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=group_size)
+    return RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=group_size, weights=cfg.reward_weights)
 
 
 @dataclass

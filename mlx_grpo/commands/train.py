@@ -32,7 +32,7 @@ from mlx_grpo.distributed import (
 )
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.models.load import resolve_dtype
-from mlx_grpo.rewards import RewardSet
+from mlx_grpo.rewards import RewardSet, TrainerState
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.blas import warn_if_slow
@@ -98,7 +98,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
     stop = StopRequest(can_abandon=world.size == 1)
     console = Console(first, t.max_steps, enabled=world.is_main, progress=progress)  # the bar, the lines above it
-    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world, console.sampling)
+    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, t.max_steps, world, console.sampling)
     for step in stop.watch(console):
         tic = time.perf_counter()
         mx.reset_peak_memory()
@@ -118,7 +118,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
             if log:
                 log.finish(ckpt, t.max_steps, stopped=True)
             raise RunStopped(signal.SIGTERM, step - 1, ckpt, abandoned=True) from None
-        metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
+        metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world,
+                               reward_set.take_timing())
         if t.skip_zero_signal_steps:
             metrics["zero_signal_skipped"] = float(skipped)
         if moved:
@@ -143,13 +144,15 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     return ckpt
 
 
-def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: int, world, on_progress=None):
-    """draw(n): n of this rank's prompts, taken from the same global stream on every rank, sampled
-    and scored (on_progress: as generate_completions takes it)."""
-    def draw(n: int) -> ScoredRollout:
+def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: int, max_steps: int, world,
+              on_progress=None):
+    """draw(n, step): n of this rank's prompts, taken from the same global stream on every rank,
+    sampled and scored (on_progress: as generate_completions takes it)."""
+    def draw(n: int, step: int) -> ScoredRollout:
+        state = TrainerState(step - 1, max_steps, epoch=stream.position / len(stream.examples))
         examples = local_share(stream.take(n * world.size), prompts_per_step, world)
         return sample_and_score(tr.rollout_model(), tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling,
-                                on_progress=on_progress)
+                                on_progress=on_progress, trainer_state=state)
     return draw
 
 
@@ -159,9 +162,9 @@ def sample(draw, step: int, groups: int, accumulation_steps: int, dynamic_sampli
     reward spread; when none has, the step trains on nothing and says so.
     """
     if not dynamic_sampling:
-        drawn = draw(groups // world.size)
+        drawn = draw(groups // world.size, step)
         return drawn, drawn, {}, accumulation_steps
-    kept, drawn, metrics = fill_groups(draw, groups, max_rounds)
+    kept, drawn, metrics = fill_groups(lambda n: draw(n, step), groups, max_rounds)
     kept, parts = fit_parts(kept, accumulation_steps)
     if not kept.rewards:
         say(f"step {step}: no group had reward spread in {metrics['dynamic_sampling/rounds']} rounds; "
@@ -185,14 +188,15 @@ def skip_zero_signal(kept: ScoredRollout, cfg, world) -> bool:
 
 
 def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,
-                 update_metrics: dict, world) -> dict:
-    """The step's row of metrics.jsonl, reduced over the ranks."""
+                 update_metrics: dict, world, timing: dict) -> dict:
+    """The step's row of metrics.jsonl, reduced over the ranks; `timing`: the rewards' (time/rewards, a judge's)."""
     step_time = world.max(time.perf_counter() - tic)
+    before_judge = timing.pop("judge/peak_before_gb", 0.0)  # a judge resets MLX's peak to measure its own
     return {
         "step": step, **rollout_metrics(drawn, scale_rewards, world), **sampling_metrics, **update_metrics,
-        "step_time": step_time,
+        "step_time": step_time, **timing,
         "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
-        "peak_memory_gb": world.max(mx.get_peak_memory() / 1e9),
+        "peak_memory_gb": world.max(max(mx.get_peak_memory() / 1e9, before_judge)),
     }
 
 

@@ -92,7 +92,7 @@ class GRPOConfig:
 
 @dataclass
 class RewardConfig:
-    name: str  # a function registered in mlx_grpo.rewards
+    name: str  # a built-in, "module:function" or "path/file.py:function"
     weight: float = 1.0  # 0 = log the metric without training on it
 
 
@@ -170,6 +170,7 @@ class Config:
     rewards: list[RewardConfig] = field(default_factory=lambda: [  # [[rewards]] replaces the list
         RewardConfig("gsm8k_correctness", 1.0), RewardConfig("xml_format", 0.5),
     ])
+    reward_weights: list[float] = field(default_factory=list)  # TRL's: one per reward, in place of theirs; [] = theirs
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -92,8 +92,18 @@ class GRPOConfig:
 
 @dataclass
 class RewardConfig:
-    name: str  # a built-in, "module:function" or "path/file.py:function"
+    name: str  # a built-in, "module:function", "path/file.py:function", or "judge" (a model that scores)
     weight: float = 1.0  # 0 = log the metric without training on it
+    # The judge's keys (name = "judge" alone, mlx_grpo/judge/; unset = JUDGE_DEFAULTS, filled in at load):
+    model: str | None = None  # hub id, local HF or MLX folder (a quantized one too), builtin:NAME; required
+    template: str | None = None  # its prompt: {prompt}, {completion}, {answer}, any data field; "" = the default
+    parse: str | None = None  # "number": the number it answers; "yes_no": P(yes) / (P(yes) + P(no)) of its next token
+    mode: str | None = None  # "single"; "group": one request ranks a prompt's G completions ({completions})
+    max_new_tokens: int | None = None  # greedy tokens it may answer with (parse = "number", mode = "group")
+    batch_size: int | None = None  # requests decoded at once
+
+
+JUDGE_DEFAULTS = {"template": "", "parse": "number", "mode": "single", "max_new_tokens": 64, "batch_size": 16}
 
 
 @dataclass

@@ -127,6 +127,8 @@ def format_step(m: dict, width: int = WIDTH) -> list[str]:
         f"{m['step_time']:.2f}s",
         f"{m['peak_memory_gb']:.2f}GB",
     ]
+    if "time/judge" in m:  # the judge reward's share of the step
+        parts.append(f"judging {m['time/judge']:.2f}s")
     return pack(parts, width)
 
 

@@ -187,3 +187,8 @@ def test_plan_holds_the_judges_weights_and_kv_cache_as_a_phase():
     assert p["judging"] == pytest.approx(p["weights"] + p["optimizer state"] + p["judge weights"] + p["judge KV cache"])
     assert p["update"] == pytest.approx(alone["phases_gb"]["update"] + p["judge weights"])
     assert "judging" not in alone["phases_gb"] and math.isclose(judged["peak_gb"], p["update"])
+
+
+def test_the_judge_by_name_alone_says_it_needs_its_entry():
+    with pytest.raises(RewardError, match=r"^reward 'judge' is configured by its \[\[rewards\]\] entry"):
+        RewardSet([("judge", 1.0)])

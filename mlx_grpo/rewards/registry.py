@@ -81,6 +81,9 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardFn:
         raise RewardError(f"reward name must be a string or a function, got {name!r}")
     if name in REWARDS:
         return REWARDS[name]
+    if name == "judge":  # a model, not a function: built from its whole entry (commands/setup.make_rewards)
+        raise RewardError("reward 'judge' is configured by its [[rewards]] entry (model, template, parse, ...), "
+                          "not by name alone")
     if ":" not in name:
         close = difflib.get_close_matches(name, REWARDS, n=1) or [k for k in REWARDS if k.startswith(name)]
         hint = f" (did you mean {close[0]!r}?)" if close else ""

@@ -5,6 +5,7 @@ None means "not mine to score"; async functions are awaited; bad output is one l
 reward and the data row."""
 
 import asyncio
+from dataclasses import replace
 import math
 import re
 
@@ -35,16 +36,20 @@ def _batch(texts=("<answer>5</answer>", "so 6", "five", "<answer>6</answer>"), s
 # --- functions written as TRL's documentation writes them ---------------------------------------
 
 def reward_len(completions, **kwargs):
-    return [-abs(20 - len(c if isinstance(c, str) else c[0]["content"])) for c in completions]
+    return [-abs(20 - len(completion)) for completion in completions]
 
 
 def ground_truth_match(completions, ground_truth, **kwargs):
-    contents = [c if isinstance(c, str) else c[0]["content"] for c in completions]
-    return [1.0 if gt in c else 0.0 for c, gt in zip(contents, ground_truth)]
+    return [1.0 if gt in completion else 0.0 for completion, gt in zip(completions, ground_truth)]
 
 
 def token_count(completion_ids, **kwargs):
     return [float(len(ids)) for ids in completion_ids]
+
+
+def answer_tags(completions, **kwargs):  # conversational: each completion is a list of messages
+    contents = [completion[0]["content"] for completion in completions]
+    return [1.0 if re.fullmatch(r"<answer>.*</answer>", content) else 0.0 for content in contents]
 
 
 def math_only(prompts, completions, task, **kwargs):
@@ -57,18 +62,27 @@ def code_only(prompts, completions, task, **kwargs):
 
 async def slow_nonempty(prompts, completions, **kwargs):
     await asyncio.sleep(0.01)
-    return [1.0 if c else 0.0 for c in completions]
+    return [1.0 if completion else 0.0 for completion in completions]
 
 
-def test_trl_documentation_functions_run_unchanged():
-    rewards = RewardSet([(reward_len, 1.0), (ground_truth_match, 1.0), (token_count, 0.0)])
-    total, per_name = rewards.score(_batch())
+def _all(conversational: bool):
+    """The two rows both as text or both as conversations, G = 2."""
+    rows = [replace(e, messages=CHAT if conversational else None) for e in _examples()]
+    return reward_batch(rows, ["<answer>5</answer>", "so 6", "five", "<answer>6</answer>"], 2,
+                        completion_ids=[[1, 2], [3], [4, 5, 6], []])
+
+
+def test_trl_documentation_style_functions_run_unchanged():
+    total, per_name = RewardSet([(reward_len, 1.0), (ground_truth_match, 1.0), (token_count, 0.0)]).score(
+        _all(conversational=False))
     # len: "<answer>5</answer>" 18, "so 6" 4, "five" 4, "<answer>6</answer>" 18 -> -|20 - len|
     assert per_name["reward_len"] == [-2.0, -16.0, -16.0, -2.0]
     # ground_truth "5" for row 7's two completions, "6" for row 9's
     assert per_name["ground_truth_match"] == [1.0, 0.0, 0.0, 1.0]
     assert per_name["token_count"] == [2.0, 1.0, 3.0, 0.0]
     assert total == [-1.0, -16.0, -16.0, -1.0]  # token_count has weight 0
+    _, per_name = RewardSet([(answer_tags, 1.0)]).score(_all(conversational=True))
+    assert per_name["answer_tags"] == [1.0, 0.0, 0.0, 1.0]
 
 
 def test_trl_form_gets_messages_for_a_conversational_row_and_every_field():
@@ -152,7 +166,7 @@ def test_trainer_state_reaches_a_curriculum_reward():
 
 
 def test_reward_weights_replace_the_weights_as_in_trl():
-    total, _ = RewardSet([(reward_len, 9.0), (ground_truth_match, 9.0)], weights=[0.5, 2.0]).score(_batch())
+    total, _ = RewardSet([(reward_len, 9.0), (ground_truth_match, 9.0)], weights=[0.5, 2.0]).score(_all(False))
     assert total == [1.0, -8.0, -8.0, 1.0]  # 0.5 * -2 + 2 * 1, 0.5 * -16 + 0, ...
     with pytest.raises(RewardError, match=r"^reward_weights: 3 weights for 2 rewards"):
         RewardSet([(reward_len, 1.0), (ground_truth_match, 1.0)], weights=[1.0, 1.0, 1.0])

@@ -65,6 +65,14 @@ def test_a_run_goes_on_when_the_judge_scores_nothing_for_a_row_another_reward_sc
     assert per_name["judge"] == [None, None] and total == [0.0, 0.0]
 
 
+def test_a_completion_only_the_judge_could_score_takes_its_groups_mean_total():
+    judge, _ = _judge(lambda r: "?" if "b" in r else "4", template="{completion}")
+    total, per_name = RewardSet([(judge, 0.5)], group_size=2)(["p"] * 4, ["a", "b", "b", "bb"], [None] * 4)
+    assert per_name["judge"] == [4.0, None, None, None]
+    # group 1: "a" 0.5 * 4 = 2.0, "b" the mean of its group's scored totals, 2.0; group 2: none scored, 0.0
+    assert total == [2.0, 2.0, 0.0, 0.0]
+
+
 @pytest.mark.parametrize(("reply", "scores"), [
     ("2, 3, 1", [0.0, 1.0, 0.5]),  # [2] best (1), [3] next (0.5), [1] worst (0)
     ("[3] > [1] > [2] because 3 is best", [0.5, 0.0, 1.0]),  # repeats and numbers past G skipped

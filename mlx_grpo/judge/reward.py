@@ -10,7 +10,8 @@ brace twice). All the step's requests that are not in the cache go to the judge 
 In group mode one request per prompt holds its G completions ({completions}, numbered [1]..[G])
 and the judge answers with their numbers, best first: the one ranked r-th (from 0) scores
 1 - r / (G - 1). An answer that gives no score (no number, not a whole ranking) scores None for
-its completions, counted (`judge/unparsed`) and warned about once; it never stops the run.
+its completions, counted (`judge/unparsed`) and warned about once; it never stops the run (a
+completion no other reward scores takes its group's mean total, registry.py).
 Identical requests are answered once: the answers are kept by request text.
 """
 
@@ -48,6 +49,7 @@ class JudgeReward:
     """A reward in this project's form whose scores come from a judge model (judge/model.py)."""
 
     __name__ = "judge"
+    may_fail_to_score = True  # a completion it alone could have scored does not stop the run (registry.py)
 
     def __init__(self, judge, *, template: str = "", parse: str = "number", mode: str = "single",
                  max_new_tokens: int = 64, batch_size: int = 16, group_size: int = 1, warn=print,

@@ -193,14 +193,22 @@ class RewardSet:
         return "index unknown (every sample alone scored without error)"
 
     def _totals(self, per_name: dict[str, list], batch: RewardBatch) -> list[float]:
-        """The weighted sum of the scores each completion got; one that none scored is an error."""
+        """The weighted sum of the scores each completion got. One that none scored is an error,
+        unless a reward that can fail to score (a judge whose answer had no score) is among them:
+        then it takes the mean total of its group's scored completions (0 when none is), so its
+        advantage is about 0, as TRL leaves such a completion out of the baseline with none."""
         totals, unscored = [], []
         for i in range(len(batch)):
             given = [(self.weights[k], per_name[k][i]) for k in self.keys if per_name[k][i] is not None]
             if not given:
                 unscored.append(i)
             totals.append(sum(w * s for w, s in given))
-        if unscored:
+        if unscored and any(getattr(fn, "may_fail_to_score", False) for fn in self.fns.values()):
+            G, left_out = batch.group_size, set(unscored)
+            for i in unscored:
+                scored = [totals[j] for j in range(i - i % G, i - i % G + G) if j not in left_out]
+                totals[i] = sum(scored) / len(scored) if scored else 0.0
+        elif unscored:
             shown = "; ".join(batch.where(i) for i in unscored[:3]) + ("; ..." if len(unscored) > 3 else "")
             raise RewardError(f"no reward scored {len(unscored)} of {len(batch)} completions (every reward "
                               f"returned None): {shown}; at least one reward must score each completion")

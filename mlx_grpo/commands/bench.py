@@ -242,7 +242,7 @@ def format_report(r: dict) -> str:
         f"{'':24}{'trainer':>10}{'limit':>10}",
         f"{'step (s)':24}{s['total_s']:10.2f}{lim['total_s']:10.2f}   ratio {r['step_over_limit']:.3f}",
         f"{'  rollout / generation':24}{s['rollout_s']:10.2f}{lim['generation_s']:10.2f}",
-        f"{'  rewards':24}{s['rewards_s']:10.3f}" + (f"   the judge's share {s['judge_s']:.3f}" if s["judge_s"] else ""),
+        f"{'  rewards':24}{s['rewards_s']:10.3f}" + (f"   judge {s['judge_s']:.3f}" if s["judge_s"] else ""),
         f"{'  reference pass':24}{s['reference_s']:10.2f}",
         f"{'  update / fwd+bwd':24}{s['update_s']:10.2f}{lim['forward_backward_s']:10.2f}"
         f"   (fwd+bwd plain {lim['forward_backward_plain_s']:.2f}, compiled {lim['forward_backward_compiled_s']:.2f})",

@@ -130,7 +130,8 @@ def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> d
         "length": [len(c) for c in drawn.rollout.completion_tokens],
         "truncated": [float(cut) for cut in drawn.rollout.truncated], "reward": drawn.rewards,
         # None (not scored) travels as NaN and is left out of the means, as TRL's nanmean does
-        **{f"rewards/{name}": [math.nan if s is None else s for s in scores] for name, scores in drawn.per_name.items()},
+        **{f"rewards/{name}": [math.nan if s is None else s for s in scores]
+           for name, scores in drawn.per_name.items()},
     })
     lengths, rewards = cols["length"], cols["reward"]
     out = {

@@ -200,3 +200,15 @@ def test_plan_holds_the_judges_weights_and_kv_cache_as_a_phase():
 def test_the_judge_by_name_alone_says_it_needs_its_entry():
     with pytest.raises(RewardError, match=r"^reward 'judge' is configured by its \[\[rewards\]\] entry"):
         RewardSet([("judge", 1.0)])
+
+
+def test_a_quantized_mlx_folder_judges_and_plan_counts_its_packed_weights(tmp_path):
+    from mlx_grpo.commands.plan import plan
+    from mlx_grpo.models.load import quiet_convert
+
+    folder = str(tmp_path / "tiny-q4")
+    quiet_convert("mlx_grpo/builtin/tiny", mlx_path=folder, quantize=True, q_bits=4, q_group_size=64)
+    judge = make_judge(RewardConfig("judge", model=folder, parse="yes_no"), "float32", 1, "rewards[0]")
+    assert all(0.0 <= s <= 1.0 for s in judge(QUESTIONS[:2], ["5", "6"], [None] * 2))
+    phases = plan(load_config({"rewards": [{"name": "judge", "model": folder}]}))["phases_gb"]
+    assert 0 < phases["judge weights"] < phases["weights"] / 4  # 4-bit against the policy's float32

@@ -25,10 +25,11 @@ def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
     """Train with GRPO; returns the run's output folder.
 
     config: a TOML profile's path, a dict of the same shape, or a `Config`.
-    rewards: a list of functions `fn(prompts, completions, answers, **kwargs) -> list[float]`,
-        reward names as the config's [[rewards]] take them, or (reward, weight) pairs (weight
-        1.0 otherwise), in place of the config's [[rewards]]; each function is logged as
-        `rewards/<fn.__name__>/mean`.
+    rewards: functions (this project's `fn(prompts, completions, answers, **kwargs)` or TRL's
+        `fn(completions, **kwargs)` form, sync or async; one score or None per completion), names
+        as [[rewards]] takes them, or (reward, weight) pairs (weight 1.0 otherwise, or
+        `reward_weights=[...]` as in TRL), in place of the config's [[rewards]]; each function is
+        logged as `rewards/<fn.__name__>/mean`.
     dataset: the training rows, in place of data.dataset: a list of dicts, a dict of columns,
         a `datasets.Dataset`, or a data file's path (which becomes data.dataset);
         data.prompt_field and data.answer_field still name the fields.
@@ -48,9 +49,11 @@ def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
         from mlx_grpo.rewards import RewardSet
 
         base_dir = Path(config_path).parent if config_path else None
-        reward_set = RewardSet(pairs, base_dir=base_dir, group_size=cfg.generation.num_generations)
+        reward_set = RewardSet(pairs, base_dir=base_dir, group_size=cfg.generation.num_generations,
+                               weights=cfg.reward_weights)
         # config.toml records an importable function as module:function, which the CLI can load
-        cfg.rewards = [RewardConfig(name=_record(fn), weight=float(w)) for fn, w in pairs]
+        cfg.rewards = [RewardConfig(name=_record(fn), weight=reward_set.weights[k])
+                       for (fn, _), k in zip(pairs, reward_set.keys)]
     if _is_path(dataset):
         cfg.data.dataset = os.fspath(dataset)
     elif rows is not None:

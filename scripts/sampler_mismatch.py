@@ -21,7 +21,7 @@ from mlx_grpo.algorithm.loss import completion_logprobs
 from mlx_grpo.algorithm.mismatch import importance_weights, mismatch_metrics
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config
-from mlx_grpo.data.load import load_examples
+from mlx_grpo.data.examples import load_examples
 from mlx_grpo.rollout.quantized import quantize_policy
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler, make_sampling_logprob
 

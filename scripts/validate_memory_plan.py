@@ -56,7 +56,7 @@ def measured(model: str, sets: list[str], out: Path) -> tuple[float, int]:
 def predicted(model: str, sets: list[str], longest_completion: int) -> float:
     from mlx_grpo.commands.plan import plan
     from mlx_grpo.config import load_config
-    from mlx_grpo.data.load import load_examples
+    from mlx_grpo.data.examples import load_examples
     from mlx_grpo.models.load import resolve_model_path
     from mlx_lm.utils import load_tokenizer
 

@@ -13,7 +13,7 @@ from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.run.log import read_jsonl, read_metrics
 
 SMOKE = "configs/smoke_test.toml"
-TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb", "time/rewards"}
 SMALL = {"training": {"max_steps": 2, "prompts_per_step": 2}, "generation": {"max_new_tokens": 16},
          "checkpoint": {"save_every": 10}}
 

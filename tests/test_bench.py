@@ -6,7 +6,7 @@ import pytest
 
 from mlx_grpo.cli import main
 
-STEP_FIELDS = {"prompt_share", "shared_over_full_tokens", "total_s", "rollout_s", "rewards_s", "reference_s",
+STEP_FIELDS = {"prompt_share", "shared_over_full_tokens", "total_s", "rollout_s", "rewards_s", "judge_s", "reference_s",
                "update_s", "completion_tokens", "scored_tokens", "peak_memory_gb", "update_peak_memory_gb"}
 LIMIT_FIELDS = {"total_s", "generation_s", "forward_backward_s", "forward_backward_plain_s",
                 "forward_backward_compiled_s", "forward_backward_peak_memory_gb"}

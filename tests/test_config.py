@@ -255,4 +255,6 @@ def test_save_load_round_trip(tmp_path, path):
     out = tmp_path / "run" / "config.toml"
     save_config(cfg, out)
     assert load_config(out) == cfg
-    assert tomllib.loads(out.read_text()) == config_to_dict(cfg) == dataclasses.asdict(cfg)
+    # every key is written, but a judge's keys, unset (None) on any other reward
+    assert tomllib.loads(out.read_text()) == config_to_dict(cfg) == {
+        **dataclasses.asdict(cfg), "rewards": [{"name": "a", "weight": 0.25}]}

@@ -8,7 +8,8 @@ import pytest
 
 import mlx_grpo
 from mlx_grpo.config import DataConfig
-from mlx_grpo.data.load import DataError, load_examples
+from mlx_grpo.data.load import DataError
+from mlx_grpo.data.examples import load_examples
 from mlx_grpo.run.log import read_jsonl
 
 SYSTEM = {"role": "system", "content": "Answer with a number."}
@@ -45,7 +46,7 @@ def test_messages_are_rendered_with_the_chat_template(tmp_path, tiny):
     ([SYSTEM], "row 0 field 'prompt': the conversation has no user message"),
 ])
 def test_a_bad_conversation_names_the_row(tiny, prompt, message):
-    from mlx_grpo.data.load import build_examples
+    from mlx_grpo.data.examples import build_examples
 
     with pytest.raises(DataError, match=message.replace("{", r"\{").replace("(", r"\(")):
         build_examples([{"prompt": prompt, "answer": "1"}], tiny[1], DataConfig(prompt_field="prompt"))

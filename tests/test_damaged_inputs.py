@@ -342,7 +342,7 @@ def test_plan_and_train_refuse_a_damaged_model_folder_with_the_loaders_one_line(
 def test_a_huge_prompt_row_is_skipped_before_the_template_or_the_tokenizer_sees_it(tiny):
     """A 50 MB row took 175 s and 11 GB of memory to tokenize only to be skipped (0.1 s now)."""
     from mlx_grpo.config import DataConfig
-    from mlx_grpo.data.load import build_examples
+    from mlx_grpo.data.examples import build_examples
 
     tokenizer, seen = tiny[1], []
 

@@ -4,7 +4,8 @@ import json
 import pytest
 
 from mlx_grpo.config import DataConfig
-from mlx_grpo.data.load import DataError, PromptStream, load_examples, load_rows
+from mlx_grpo.data.load import DataError, load_rows
+from mlx_grpo.data.examples import PromptStream, load_examples
 
 ROWS = [{"q": "What is 2 + 3?", "a": "2 + 3 = 5\n#### 5"}, {"q": "What is 9 - 4?", "a": "#### 5"}]
 

@@ -17,7 +17,7 @@ from mlx_grpo.rewards import RewardSet
 from mlx_grpo.commands.train import train
 
 SMOKE = "configs/smoke_test.toml"
-TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb", "time/rewards"}
 
 
 def test_maj_and_pass_at_k_by_hand():

@@ -15,7 +15,8 @@ from mlx_grpo.run.checkpoint import CheckpointError, save_checkpoint
 from mlx_grpo.run.layout import list_checkpoints
 from mlx_grpo.config import DataConfig, ModelConfig, load_config
 from mlx_grpo.data.chat import plain_prompt
-from mlx_grpo.data.load import DataError, load_examples
+from mlx_grpo.data.load import DataError
+from mlx_grpo.data.examples import load_examples
 from mlx_grpo.errors import ModelError, TrainingError
 from mlx_grpo.run.log import read_metrics
 from mlx_grpo.models.load import check_model_folder, load_base

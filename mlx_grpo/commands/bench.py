@@ -1,8 +1,9 @@
 """`mlx-grpo bench`: the trainer's seconds per step against MLX's own limit on the same work.
 
 After a warm-up step (which also traces the compiled gradient), each measured step runs
-the trainer's own functions, timed one by one: rollout (`generate_completions`), rewards,
-reference pass (`prepare_batches`: the no-grad log-probs) and update (`run_updates`).
+the trainer's own functions, timed one by one: rollout (`generate_completions`), rewards (a
+judge reward's share beside), reference pass (`prepare_batches`: the no-grad log-probs) and
+update (`run_updates`).
 Then, on the same model and that step's shapes, the limit:
 
 - generation: mlx-lm's `BatchGenerator` decoding the same P*G sequences with no stop
@@ -36,10 +37,11 @@ from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
-from mlx_grpo.data.load import PromptStream
+from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.rollout.sample import generate_completions
+from mlx_grpo.rollout.score import reward_batch
 from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.console import say
 from mlx_grpo.update.batches import make_micro_batches, prepare_batches
@@ -109,10 +111,9 @@ def _timed_step(b: _Bench) -> tuple[dict, object, list]:
         max_new_tokens=s.max_new_tokens, sampler=tr.sampler, batch_size=s.batch_size,
     )
     t1 = time.perf_counter()
-    questions = [e.question for e in examples for _ in range(s.num_generations)]
-    answers = [e.answer for e in examples for _ in range(s.num_generations)]
-    rewards, _ = b.reward_set(questions, rollout.texts, answers)
+    rewards, _ = b.reward_set.score(reward_batch(examples, rollout.texts, s.num_generations, rollout.completion_tokens))
     t2 = time.perf_counter()
+    judge_s = b.reward_set.take_timing().get("time/judge", 0.0)
     batches = prepare_batches(tr.model, tr.ref_model, rollout, rewards, tr.settings)
     t3 = time.perf_counter()
     before_update = mx.get_peak_memory()
@@ -121,7 +122,8 @@ def _timed_step(b: _Bench) -> tuple[dict, object, list]:
     t4 = time.perf_counter()
     update_peak = mx.get_peak_memory()
     return {
-        **prefix_share(rollout), "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "reference_s": t3 - t2,
+        **prefix_share(rollout), "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "judge_s": judge_s,
+        "reference_s": t3 - t2,
         "update_s": t4 - t3, "completion_tokens": rollout.num_tokens,
         "scored_tokens": sum(float(x.mask.sum().item()) for x in batches),
         "peak_memory_gb": max(before_update, update_peak) / GB, "update_peak_memory_gb": update_peak / GB,
@@ -240,7 +242,7 @@ def format_report(r: dict) -> str:
         f"{'':24}{'trainer':>10}{'limit':>10}",
         f"{'step (s)':24}{s['total_s']:10.2f}{lim['total_s']:10.2f}   ratio {r['step_over_limit']:.3f}",
         f"{'  rollout / generation':24}{s['rollout_s']:10.2f}{lim['generation_s']:10.2f}",
-        f"{'  rewards':24}{s['rewards_s']:10.3f}",
+        f"{'  rewards':24}{s['rewards_s']:10.3f}" + (f"   judge {s['judge_s']:.3f}" if s["judge_s"] else ""),
         f"{'  reference pass':24}{s['reference_s']:10.2f}",
         f"{'  update / fwd+bwd':24}{s['update_s']:10.2f}{lim['forward_backward_s']:10.2f}"
         f"   (fwd+bwd plain {lim['forward_backward_plain_s']:.2f}, compiled {lim['forward_backward_compiled_s']:.2f})",

@@ -2,7 +2,7 @@
 
 Every configured reward is averaged over greedy completions, under the names training logs
 (`reward`, `rewards/<name>/mean`). The task metric follows from the data and the rewards:
-- GSM8K-style references (every answer ends in `#### N`): `accuracy`, the share of greedy
+- GSM8K-style references (every answer ends in `#### N`, or is a number): `accuracy`, the share of greedy
   answers whose number is right (pass@1) as the correctness reward reads it (the last number
   in the last <answer> tag, else the last number anywhere); beside it `accuracy_format` (right
   and in the expected format: an <answer> tag holding just the number, or `#### N`), and
@@ -14,7 +14,7 @@ Every configured reward is averaged over greedy completions, under the names tra
 - a ROUGE reward among the rewards: `rouge1`, `rouge2`, `rougeL`, mean F-measures of the
   greedy completions against the references (rouge-score, stemmed).
 `accuracy_stderr`, `reward_stderr`: standard errors over the n prompts (std / sqrt(n)).
-Identical (question, answer) rows are scored once, so a cycled split does not count twice.
+Identical rows (the same prompt and fields) are scored once, so a cycled split does not count twice.
 `mlx-grpo eval` writes the results JSON into the run folder, or under runs/eval/ for a model
 that is not a run, and never replaces an earlier file unless told to (`output_path`).
 """
@@ -30,13 +30,14 @@ from tqdm import tqdm
 
 from mlx_grpo.commands.args import add_model_args, add_progress_arg, number_at_least, seed_number
 from mlx_grpo.errors import UserError
-from mlx_grpo.data.load import load_examples
+from mlx_grpo.data.examples import load_examples
 from mlx_grpo.rewards.task_metrics import accuracy_metrics, is_gsm8k_style, number_metrics, rouge_metrics
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.run.console import cap_width, show_bar
 from mlx_grpo.run.guard import check_replaceable
 from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler
+from mlx_grpo.rollout.score import reward_batch
 
 
 @dataclass
@@ -71,8 +72,9 @@ def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str 
     """
     seen, out = set(), []
     for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split, setting=setting):
-        if (e.question, e.answer) not in seen:
-            seen.add((e.question, e.answer))
+        key = (e.prompt, json.dumps(e.columns, sort_keys=True, default=str))  # fields may be lists, tables
+        if key not in seen:
+            seen.add(key)
             out.append(e)
     return out[:limit] if limit else out
 
@@ -104,8 +106,9 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
         if k > 1:
             sampler = make_rollout_sampler(settings.temperature, settings.top_p, settings.top_k, settings.min_p)
             sampled = _decode(model, tokenizer, examples, k, sampler, settings, bar)
-    questions, answers = [e.question for e in examples], [e.answer for e in examples]
-    totals, per_name = reward_set(questions, greedy, answers)
+    batch = reward_batch(examples, greedy, 1)
+    questions, answers = batch.prompts, batch.answers
+    totals, per_name = reward_set.score(batch)
     metrics = {"num_prompts": len(examples)}
     if is_gsm8k_style(answers):
         metrics.update(accuracy_metrics(greedy, answers))
@@ -117,7 +120,9 @@ def evaluate(model, tokenizer, examples, reward_set, settings: EvalSettings, pro
         metrics.update(rouge_metrics(greedy, answers))
     metrics["reward"] = float(np.mean(totals))
     metrics["reward_stderr"] = float(np.std(totals) / np.sqrt(len(totals)))
-    metrics.update({f"rewards/{name}/mean": float(np.mean(v)) for name, v in per_name.items()})
+    for name, scores in per_name.items():  # None (not scored) is left out, as in training
+        given = [v for v in scores if v is not None]
+        metrics[f"rewards/{name}/mean"] = float(np.mean(given)) if given else None
     lengths = [len(tokenizer.encode(t, add_special_tokens=False)) for t in greedy]
     metrics["completions/mean_length"] = float(np.mean(lengths))
     samples = [
@@ -152,6 +157,7 @@ def make_training_eval(cfg, tokenizer, reward_set):
     def run(model) -> dict:
         streams = capture_rng()
         result = evaluate(model, tokenizer, examples, reward_set, settings, progress=False)
+        reward_set.take_timing()  # the eval's reward time is not the next step's
         restore_rng(streams)
         return {f"eval/{k}": v for k, v in result["metrics"].items()}  # printed after the step's line
 

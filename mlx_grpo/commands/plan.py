@@ -16,10 +16,10 @@ from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.planner.constants import GB
 from mlx_grpo.planner.predict import predict, suggestions
-from mlx_grpo.planner.shapes import read_model_shape, run_shape
+from mlx_grpo.planner.shapes import JudgeShape, read_model_shape, run_shape
 
 PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout copy", "rollout KV cache", "update activations",
-          "logits", "rollout", "update")
+          "logits", "judge weights", "judge KV cache", "rollout", "update", "judging")  # judge ones: with a judge
 
 
 class MemoryPlanError(UserError):
@@ -43,7 +43,7 @@ def device_memory_gb() -> float:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GB
 
 
-def model_folder(path: str) -> Path:
+def model_folder(path: str, setting: str = "model.path") -> Path:
     """The local folder holding the model's config.json and safetensors: a built-in, a local
     folder, or a hub id already in the Hugging Face cache (nothing is downloaded)."""
     from mlx_grpo.models.load import resolve_model_path
@@ -57,7 +57,7 @@ def model_folder(path: str) -> Path:
         return Path(snapshot_download(path, local_files_only=True,
                                       allow_patterns=["config.json", "model*.safetensors*"]))
     except Exception as e:  # not cached (or not a repo id): the plan cannot read the shapes
-        raise PlanUnavailable(f"model.path: {path} is neither a local folder nor in the Hugging Face cache "
+        raise PlanUnavailable(f"{setting}: {path} is neither a local folder nor in the Hugging Face cache "
                               f"({type(e).__name__}); download it first to plan its memory") from e
 
 
@@ -66,7 +66,7 @@ def longest_prompt(cfg, folder: Path) -> int | None:
     ones are skipped); None when the data cannot be read without a download."""
     from mlx_lm.utils import load_tokenizer
 
-    from mlx_grpo.data.load import load_examples
+    from mlx_grpo.data.examples import load_examples
 
     try:
         tokenizer = load_tokenizer(folder)
@@ -76,6 +76,27 @@ def longest_prompt(cfg, folder: Path) -> int | None:
         print(f"mlx-grpo: plan: no peak for the data itself ({e})", file=sys.stderr)
         return None
     return max(len(e.prompt_tokens) for e in examples)
+
+
+def judge_shapes(cfg) -> tuple[JudgeShape, ...]:
+    """Each judge reward's model and requests, by formula: a request holds its template's
+    characters (each counted as a token, an upper bound), the longest prompt and one completion
+    (in group mode G of them) at their caps, and the judge's answer; data fields it names are
+    not counted. A single judge answers every completion of a step, a group judge each prompt."""
+    from mlx_grpo.judge.reward import TEMPLATES
+
+    t, gen, out = cfg.training, cfg.generation, []
+    for i, r in enumerate(cfg.rewards):
+        if r.name != "judge":
+            continue
+        shape = read_model_shape(model_folder(r.model, f"rewards[{i}].model"), f"rewards[{i}].model")
+        group = r.mode == "group"
+        requests = t.prompts_per_step * t.gradient_accumulation_steps * (1 if group else gen.num_generations)
+        answer = 0 if r.parse == "yes_no" else r.max_new_tokens  # yes/no reads the next token alone
+        tokens = (len(r.template or TEMPLATES[(r.mode, r.parse)]) + cfg.data.max_prompt_tokens
+                  + (gen.num_generations if group else 1) * gen.max_new_tokens + answer)
+        out.append(JudgeShape(shape, min(r.batch_size, requests), tokens))
+    return tuple(out)
 
 
 def plan(cfg, memory_gb: float | None = None, data: bool = False) -> dict:
@@ -88,12 +109,12 @@ def plan(cfg, memory_gb: float | None = None, data: bool = False) -> dict:
     folder = model_folder(cfg.model.path)
     check_model_folder(str(folder), tokenizer=False)  # a folder the loader refuses: its one line, here too
     shape = read_model_shape(folder)
-    run = run_shape(cfg, resolve_dtype(cfg.model.dtype))
+    run = replace(run_shape(cfg, resolve_dtype(cfg.model.dtype)), judges=judge_shapes(cfg))
     phases = predict(shape, run)
     device = memory_gb if memory_gb is not None else device_memory_gb()
     fits = phases["peak"] <= device * GB
     result = {
-        "model": cfg.model.path, "phases_gb": {k: phases[k] / GB for k in PHASES},
+        "model": cfg.model.path, "phases_gb": {k: phases[k] / GB for k in PHASES if k in phases},
         "peak_gb": phases["peak"] / GB, "device_gb": device, "fits": fits,
         "suggestions": [] if fits else [[s, p / GB] for s, p in suggestions(shape, run, device * GB)],
     }

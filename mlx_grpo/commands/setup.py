@@ -13,7 +13,7 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 
-from mlx_grpo.data.load import Example, load_examples
+from mlx_grpo.data.examples import Example, load_examples
 from mlx_grpo.distributed import SINGLE, World, sampling_seed, sync_parameters
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.models.adapters import load_adapter_weights
@@ -48,13 +48,25 @@ def build_policy(cfg):
 
 def make_rewards(cfg, config_path: str | None = None, group_size: int | None = None) -> RewardSet:
     """The configured rewards; a reward file's relative path is tried against the profile's folder.
+    A judge's model loads now, so one that cannot load stops the run before its first step.
 
     `group_size` (completions per prompt, which a reward's error names the prompt by) defaults to
     generation.num_generations; eval scores one greedy completion per prompt and passes 1.
     """
     base_dir = Path(config_path).parent if config_path else None
     group_size = cfg.generation.num_generations if group_size is None else group_size
-    return RewardSet.from_config(cfg.rewards, base_dir=base_dir, group_size=group_size)
+    items = [(judge_reward(r, cfg, group_size, f"rewards[{i}]") if r.name == "judge" else r.name, r.weight)
+             for i, r in enumerate(cfg.rewards)]
+    return RewardSet(items, base_dir=base_dir, group_size=group_size, weights=cfg.reward_weights)
+
+
+def judge_reward(entry, cfg, group_size: int, setting: str):
+    """A [[rewards]] entry's judge, on the policy's dtype (mlx_grpo/judge/)."""
+    from mlx_grpo.judge import make_judge
+    from mlx_grpo.models.load import resolve_dtype
+    from mlx_grpo.run.console import say
+
+    return make_judge(entry, resolve_dtype(cfg.model.dtype), group_size, setting, warn=say)
 
 
 @dataclass

@@ -6,7 +6,8 @@ advantages (algorithm/), make num_iterations optimizer updates on those completi
 then log the step and checkpoint it when due (run/). With grpo.dynamic_sampling, groups whose
 rewards are all equal are dropped and more prompts drawn; with training.skip_zero_signal_steps a
 step where no group has spread (and beta = 0) makes no update. `setup` (commands/setup.py) builds
-what the loop runs on; this file composes the stages, and its `main` is the command line's.
+what the loop runs on, commands/step.py holds a step's stages; this file composes them, and its
+`main` is the command line's.
 """
 
 from contextlib import nullcontext
@@ -20,22 +21,20 @@ import time
 import mlx.core as mx
 from mlx.utils import tree_flatten
 
-from mlx_grpo.algorithm.dynamic_sampling import fill_groups, fit_parts
-from mlx_grpo.algorithm.zero_signal import zero_signal
 from mlx_grpo.commands.args import add_progress_arg
 from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.plan import check_memory, memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
+from mlx_grpo.commands.step import make_draw, prompt_stream, sample, skip_zero_signal, step_metrics, update
 from mlx_grpo.config import load_config
-from mlx_grpo.data.load import PromptStream
+from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.distributed import (
-    RESUME_ENV, allreduce_bytes, check_world, init_world, local_share, lost_rank, sampling_seed,
+    RESUME_ENV, allreduce_bytes, check_world, init_world, lost_rank, sampling_seed,
 )
 from mlx_grpo.errors import NonFiniteError, TrainingError
 from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
-from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
 from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS, checkpoint_dir
@@ -47,7 +46,6 @@ from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest
 from mlx_grpo.run.step_log import StepLog
 from mlx_grpo.run.trackers import check_installed
 from mlx_grpo.update.movement import MovementCheck
-from mlx_grpo.update.step import optimize
 
 
 def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False,
@@ -100,7 +98,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     # finish soon (one rank alone cannot: the others would wait for it in the all-reduce)
     stop = StopRequest(can_abandon=world.size == 1, quiet=not world.is_main)
     console = Console(first, t.max_steps, enabled=world.is_main, progress=progress)  # the bar, the lines above it
-    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, world, console.sampling)
+    draw = make_draw(stream, tr, reward_set, t.prompts_per_step, t.max_steps, world, console.sampling)
     for step in stop.watch(console):
         tic = time.perf_counter()
         mx.reset_peak_memory()
@@ -120,7 +118,8 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
             if log:
                 log.finish(ckpt, t.max_steps, stopped=True)
             raise RunStopped(signal.SIGTERM, step - 1, ckpt, abandoned=True) from None
-        metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world)
+        metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world,
+                               reward_set.take_timing())
         if t.skip_zero_signal_steps:
             metrics["zero_signal_skipped"] = float(skipped)
         if moved:
@@ -143,69 +142,6 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
         return checkpoint_dir(out, t.max_steps)
     log.finish(ckpt, t.max_steps)
     return ckpt
-
-
-def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: int, world, on_progress=None):
-    """draw(n): n of this rank's prompts, taken from the same global stream on every rank, sampled
-    and scored (on_progress: as generate_completions takes it)."""
-    def draw(n: int) -> ScoredRollout:
-        examples = local_share(stream.take(n * world.size), prompts_per_step, world)
-        return sample_and_score(tr.rollout_model(), tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling,
-                                on_progress=on_progress)
-    return draw
-
-
-def sample(draw, step: int, groups: int, accumulation_steps: int, dynamic_sampling: bool, max_rounds: int, world):
-    """Sample and score the step's completions: (kept to train on, drawn in all, sampling metrics,
-    accumulation parts). With grpo.dynamic_sampling, rounds are drawn until enough groups have
-    reward spread; when none has, the step trains on nothing and says so.
-    """
-    if not dynamic_sampling:
-        drawn = draw(groups // world.size)
-        return drawn, drawn, {}, accumulation_steps
-    kept, drawn, metrics = fill_groups(draw, groups, max_rounds)
-    kept, parts = fit_parts(kept, accumulation_steps)
-    if not kept.rewards:
-        say(f"step {step}: no group had reward spread in {metrics['dynamic_sampling/rounds']} rounds; "
-            "update skipped")
-    return kept, drawn, metrics, parts
-
-
-def update(tr: Trainer, kept: ScoredRollout, parts: int, world, on_progress=None) -> dict:
-    """Advantages, then num_iterations optimizer updates on the kept completions; their metrics."""
-    return optimize(tr.model, tr.optimizer, tr.ref_model, kept.rollout, kept.rewards,
-                    tr.settings.with_parts(parts), world, grad_fn=tr.grad_fn, on_progress=on_progress)
-
-
-def skip_zero_signal(kept: ScoredRollout, cfg, world) -> bool:
-    """With training.skip_zero_signal_steps: whether this step's update has a zero gradient on
-    every rank (beta = 0, no group with reward spread), so AdamW is not called at all."""
-    if not cfg.training.skip_zero_signal_steps or not kept.rewards:
-        return False
-    flat = zero_signal(kept.rewards, kept.rollout.group_size, cfg.grpo.beta)
-    return world.sum([float(not flat)])[0] == 0  # all ranks skip together, or none does
-
-
-def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,
-                 update_metrics: dict, world) -> dict:
-    """The step's row of metrics.jsonl, reduced over the ranks."""
-    step_time = world.max(time.perf_counter() - tic)
-    return {
-        "step": step, **rollout_metrics(drawn, scale_rewards, world), **sampling_metrics, **update_metrics,
-        "step_time": step_time,
-        "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
-        "peak_memory_gb": world.max(mx.get_peak_memory() / 1e9),
-    }
-
-
-def prompt_stream(examples, groups: int, cfg, start) -> PromptStream:
-    """The walk over the training prompts, from where a resumed run left it."""
-    if len(examples) < groups:
-        raise TrainingError(
-            f"data.dataset: {len(examples)} usable prompts, fewer than the "
-            f"{groups} one step needs (training.prompts_per_step * gradient_accumulation_steps)"
-        )
-    return PromptStream(examples, cfg.data.shuffle, cfg.seed, position=start.data_position if start else 0)
 
 
 def announce(cfg, tr: Trainer, world) -> None:

@@ -12,11 +12,12 @@ import types
 import typing
 
 from mlx_grpo.config.rules import RULES
-from mlx_grpo.config.sections import Config, RewardConfig
+from mlx_grpo.config.sections import JUDGE_DEFAULTS, Config, RewardConfig
 
 DESCRIPTIONS = {
     "seed": "Seeds MLX, NumPy and Python's random streams: the same seed on the same machine repeats a run.",
     "output_dir": "The run folder: config.toml, metrics.jsonl, completions.jsonl, checkpoints/.",
+    "reward_weights": "One weight per `[[rewards]]` entry, in place of theirs, as TRL's reward_weights; empty keeps theirs.",
     # [model]
     "model.path": "A hub id, a local Hugging Face or MLX folder, `builtin:tiny` or `builtin:small`.",
     "model.dtype": "The weights' dtype when loaded: `auto` is bfloat16 on Metal and float32 on the CPU backend.",
@@ -40,6 +41,7 @@ DESCRIPTIONS = {
     "data.prompt_field": "The column holding the prompt: text, or a list of {role, content} messages.",
     "data.answer_field": "The column holding the reference answer the rewards compare with; empty for none.",
     "data.system_prompt": "The system message put before each text prompt (a conversation's own system message wins).",
+    "data.system_field": "A field holding each row's own system prompt, used in place of system_prompt; empty for none.",
     "data.max_prompt_tokens": "Prompts longer than this (after the chat template) are skipped and counted.",
     "data.shuffle": "Walk the training prompts in a seeded order, reshuffled each pass.",
     # [generation]
@@ -72,6 +74,12 @@ DESCRIPTIONS = {
     # [[rewards]]
     "rewards.name": "A built-in reward, `package.module:function` or `path/file.py:function`.",
     "rewards.weight": "Its weight in the total; 0 logs it without training on it.",
+    "rewards.model": "A judge's model (name = \"judge\"): hub id, local or quantized MLX folder, builtin:NAME.",
+    "rewards.template": "A judge's prompt with {prompt}, {completion}, {answer} and any data field; empty is the default.",
+    "rewards.parse": "A judge's score: `number` (the number it answers) or `yes_no` (P(yes) from its next token).",
+    "rewards.mode": "A judge's requests: `single` (one a completion) or `group` (one ranks a prompt's G completions).",
+    "rewards.max_new_tokens": "Tokens a judge may answer with.",
+    "rewards.batch_size": "Judge requests decoded at once.",
     # [training]
     "training.max_steps": "Steps to train: each samples, scores and updates once.",
     "training.prompts_per_step": "Prompts (groups of G completions) in each accumulation part.",
@@ -147,6 +155,8 @@ def config_keys() -> list[tuple[str, str, object]]:
             else:
                 default = getattr(obj, f.name) if obj is not None else (
                     f.default if f.default is not dataclasses.MISSING else None)
+                if default is None and key.startswith("rewards."):  # a judge's key, filled in at load
+                    default = JUDGE_DEFAULTS.get(f.name)
                 out.append((key, _type_name(hints[f.name]), default))
 
     walk(Config, Config(), "")
@@ -177,7 +187,8 @@ def reference_markdown() -> str:
         "```",
     ]
     section = None
-    for key, kind, default in config_keys():
+    keys = config_keys()
+    for key, kind, default in [k for k in keys if "." not in k[0]] + [k for k in keys if "." in k[0]]:
         head = key.split(".")[0] if "." in key else "top level"
         if head != section:
             section = head

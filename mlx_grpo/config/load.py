@@ -23,7 +23,7 @@ import tomli_w
 
 from mlx_grpo.errors import UserError, naming
 from mlx_grpo.config.rules import RETIRED, RULES, SEED_LIMIT
-from mlx_grpo.config.sections import Config
+from mlx_grpo.config.sections import JUDGE_DEFAULTS, Config, RewardConfig
 
 
 class ConfigError(UserError, ValueError):
@@ -208,6 +208,8 @@ def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Se
             f"generation.quantize_bits = {cfg.generation.quantize_bits} needs a float policy, but "
             f"model.quantize_bits = {cfg.model.quantize_bits} (QLoRA): its rollouts already run on quantized weights"
         )
+    for i, reward in enumerate(cfg.rewards):
+        _check_judge_keys(reward, f"rewards[{i}]")
     g, cap = cfg.grpo, cfg.generation.max_new_tokens
     if g.overlong_penalty > 0 and g.overlong_buffer > cap:
         raise ConfigError(
@@ -215,6 +217,24 @@ def load_config(profile: str | os.PathLike | dict | Config | None, overrides: Se
             f"grpo.overlong_penalty > 0, got {g.overlong_buffer}"
         )
     return cfg
+
+
+def _check_judge_keys(reward: RewardConfig, where: str) -> None:
+    """The judge needs a model and gets the defaults of the keys it leaves out; the judge's keys
+    on any other reward are a mistake, not something to ignore."""
+    if reward.name != "judge":
+        given = [k for k in ("model", *JUDGE_DEFAULTS) if getattr(reward, k) is not None]
+        if given:
+            raise ConfigError(f"{where}.{given[0]}: only the judge reward (name = \"judge\") takes {given[0]}, "
+                              f"not {reward.name!r}")
+        return
+    if not (reward.model or "").strip():
+        raise ConfigError(f"{where}.model: the judge reward needs a model (hub id, local folder or builtin:NAME)")
+    for key, default in JUDGE_DEFAULTS.items():
+        if getattr(reward, key) is None:
+            setattr(reward, key, default)
+    if reward.mode == "group" and reward.parse != "number":
+        raise ConfigError(f"{where}.parse: mode = \"group\" reads a ranking (parse = \"number\"), not {reward.parse!r}")
 
 
 def config_to_dict(cfg: Config) -> dict[str, Any]:

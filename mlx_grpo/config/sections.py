@@ -50,6 +50,7 @@ class DataConfig:
     prompt_field: str = "question"
     answer_field: str = "answer"  # "" = no reference answers
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    system_field: str = ""  # a field holding each row's own system prompt, in place of system_prompt; "" = none
     max_prompt_tokens: int = 512
     shuffle: bool = True
 
@@ -91,8 +92,18 @@ class GRPOConfig:
 
 @dataclass
 class RewardConfig:
-    name: str  # a function registered in mlx_grpo.rewards
+    name: str  # a built-in, "module:function", "path/file.py:function", or "judge" (a model that scores)
     weight: float = 1.0  # 0 = log the metric without training on it
+    # The judge's keys (name = "judge" alone, mlx_grpo/judge/; unset = JUDGE_DEFAULTS, filled in at load):
+    model: str | None = None  # hub id, local HF or MLX folder (a quantized one too), builtin:NAME; required
+    template: str | None = None  # its prompt: {prompt}, {completion}, {answer}, any data field; "" = the default
+    parse: str | None = None  # "number": the number it answers; "yes_no": P(yes) / (P(yes) + P(no)) of its next token
+    mode: str | None = None  # "single"; "group": one request ranks a prompt's G completions ({completions})
+    max_new_tokens: int | None = None  # greedy tokens it may answer with (parse = "number", mode = "group")
+    batch_size: int | None = None  # requests decoded at once
+
+
+JUDGE_DEFAULTS = {"template": "", "parse": "number", "mode": "single", "max_new_tokens": 64, "batch_size": 16}
 
 
 @dataclass
@@ -169,6 +180,7 @@ class Config:
     rewards: list[RewardConfig] = field(default_factory=lambda: [  # [[rewards]] replaces the list
         RewardConfig("gsm8k_correctness", 1.0), RewardConfig("xml_format", 0.5),
     ])
+    reward_weights: list[float] = field(default_factory=list)  # TRL's: one per reward, in place of theirs; [] = theirs
     training: TrainingConfig = field(default_factory=TrainingConfig)
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)

@@ -70,9 +70,19 @@ def _key_copies(shape: ModelShape, run: RunShape, rows: int) -> float:
     return shape.layers * rows * keys * shape.kv_heads * shape.head_dim * 2 * 4
 
 
+def _judges(run: RunShape) -> tuple[float, float]:
+    """(the judges' weights, the largest judge's KV cache), by formula: the KV cache of `batch`
+    requests of `tokens` each, as the rollout's is counted (without its measured factor)."""
+    b = run.dtype_bytes
+    weights = sum(weight_bytes(j.model, b, 0, 64) for j in run.judges)
+    kv = max((j.batch * _pad(j.tokens, C.KV_STEP) * j.model.layers * j.model.kv_heads * j.model.head_dim * 2 * b
+              for j in run.judges), default=0.0)
+    return weights, kv
+
+
 def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
-    """Bytes of each phase, and `peak`: what stays (weights, adapters, AdamW state, reference)
-    plus the larger of the rollout and the update."""
+    """Bytes of each phase, and `peak`: what stays (weights, adapters, AdamW state, reference, a
+    judge's weights) plus the largest of the rollout, the update and a judge's answering."""
     b = run.dtype_bytes
     weights = weight_bytes(shape, b, run.quantize_bits, run.quantize_group)
     trainable = trainable_params(shape, run)
@@ -101,10 +111,13 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
         "weights": weights, "adapters": adapters, "optimizer state": optimizer, "reference": reference,
         "rollout copy": copy, "rollout KV cache": kv * C.ROLLOUT_FACTOR, "update activations": activations, "logits": logits,
     }
-    held = weights + adapters + optimizer + reference + copy
+    judge_weights, judge_kv = _judges(run)
+    held = weights + adapters + optimizer + reference + copy + judge_weights
     phases["rollout"] = held + phases["rollout KV cache"]
     phases["update"] = held + activations + logits
-    phases["peak"] = max(phases["rollout"], phases["update"])
+    if run.judges:
+        phases.update({"judge weights": judge_weights, "judge KV cache": judge_kv, "judging": held + judge_kv})
+    phases["peak"] = max(phases["rollout"], phases["update"], phases.get("judging", 0.0))
     return phases
 
 

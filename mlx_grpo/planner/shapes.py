@@ -181,6 +181,15 @@ def trainable_params(shape: ModelShape, run: "RunShape") -> int:
 
 
 @dataclass(frozen=True)
+class JudgeShape:
+    """A judge reward's model and the requests it holds at once; sizes by formula, not measured."""
+
+    model: ModelShape
+    batch: int  # requests decoded at once
+    tokens: int  # one request and its answer, at most
+
+
+@dataclass(frozen=True)
 class RunShape:
     """The run's values the memory depends on (from a Config by `run_shape`)."""
 
@@ -203,6 +212,7 @@ class RunShape:
     rollout_bits: int = 0  # generation.quantize_bits: a quantized copy of the policy samples; 0 = none
     shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once (algorithm/prefix.py)
     group_size: int = 1  # generation.num_generations: rows sharing one prompt
+    judges: tuple[JudgeShape, ...] = ()  # judge rewards: held beside the policy, and their own phase
 
 
 def run_shape(cfg, dtype: str = "float32") -> RunShape:

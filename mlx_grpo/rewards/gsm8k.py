@@ -11,6 +11,8 @@ ROUGE metrics. Pure Python: no MLX here.
 from __future__ import annotations
 
 import functools
+import math
+import numbers
 import re
 from decimal import Decimal
 
@@ -32,8 +34,11 @@ def _last_number(text: str) -> str | None:
     return _normalize_number(found[-1]) if found else None
 
 
-def extract_reference_number(answer: str | None) -> str | None:
-    """The number after the last '#### ' (GSM8K style), else the whole answer read as a number."""
+def extract_reference_number(answer) -> str | None:
+    """The number after the last '#### ' (GSM8K style), else the whole answer read as a number;
+    an answer that is a number (a JSON number in the data) is that number (72 -> '72', 0.5 -> '0.5')."""
+    if isinstance(answer, numbers.Real) and not isinstance(answer, bool):
+        return _normalize_number(format(Decimal(str(answer)), "f")) if math.isfinite(answer) else None
     if not isinstance(answer, str):
         return None
     return _normalize_number(answer.rsplit("####", 1)[-1] if "####" in answer else answer)

@@ -1,10 +1,13 @@
 """The reward registry: the built-ins by name, resolving a configured name to a function, weighting them.
 
-A reward is a plain function ``fn(prompts, completions, answers, **kwargs) -> list[float]`` with one
-score per completion. Built-ins live in ``REWARDS``; a config may also name ``"package.module:fn"``
-or ``"path/to/file.py:fn"``. A wrong or unparseable answer scores 0.0; a reward that raises or
-returns a bad score stops the run with a ``RewardError`` naming the reward and the sample.
-Pure Python on purpose: no MLX here, so rewards are testable and importable anywhere.
+A reward is a plain function with one score per completion, called as call.py says (this
+project's `fn(prompts, completions, answers, **kwargs)` or TRL's keyword form). Built-ins live
+in ``REWARDS``; a config may also name ``"package.module:fn"`` or ``"path/to/file.py:fn"``. A
+wrong or unparseable answer scores 0.0; None means "not mine to score": the total is the
+weighted sum of the scores given (TRL's nansum), and a completion no reward scores stops the
+run. A reward that raises or returns a bad score stops the run with a ``RewardError`` naming
+the reward and the sample. Pure Python on purpose: no MLX here, so rewards are testable and
+importable anywhere.
 """
 
 from __future__ import annotations
@@ -13,29 +16,22 @@ import difflib
 import hashlib
 import importlib
 import importlib.util
-import math
-import numbers
 import sys
+import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
 
-from mlx_grpo.errors import UserError
+from mlx_grpo.rewards.call import (
+    RewardBatch, RewardError, arguments, check_binding, check_scores, finite_real, run_all, takes_answers,
+)
 from mlx_grpo.rewards.gsm8k import gsm8k_correctness, rouge_l, xml_format
 from mlx_grpo.rewards.summary import coverage, faithfulness, length_band, no_copy
 
-RewardFn = Callable[..., list[float]]
-
-
-class RewardError(UserError, ValueError):
-    """A reward that cannot be resolved, raised, or returned an unusable score."""
+RewardFn = Callable[..., list[float | None]]
 
 
 def _describe(e: BaseException) -> str:
     return f"{type(e).__name__}: {' '.join(str(e).split())}"
-
-
-def _finite_real(x: object) -> bool:
-    return isinstance(x, numbers.Real) and not isinstance(x, bool) and math.isfinite(x)
 
 
 REWARDS: dict[str, RewardFn] = {
@@ -85,6 +81,9 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardFn:
         raise RewardError(f"reward name must be a string or a function, got {name!r}")
     if name in REWARDS:
         return REWARDS[name]
+    if name == "judge":  # a model, not a function: built from its whole entry (commands/setup.make_rewards)
+        raise RewardError("reward 'judge' is configured by its [[rewards]] entry (model, template, parse, ...), "
+                          "not by name alone")
     if ":" not in name:
         close = difflib.get_close_matches(name, REWARDS, n=1) or [k for k in REWARDS if k.startswith(name)]
         hint = f" (did you mean {close[0]!r}?)" if close else ""
@@ -114,13 +113,19 @@ class RewardSet:
     """Named, weighted rewards; calling it returns (weighted totals, scores per reward name).
 
     A weight of 0 still computes the reward, so it is logged as a metric without training on it.
+    `weights` (TRL's reward_weights), when given, replaces the items' weights, one per reward.
     """
 
     def __init__(self, items: list[tuple[str | RewardFn, float]], base_dir: str | Path | None = None,
-                 group_size: int = 1):
+                 group_size: int = 1, weights: list[float] | None = None):
         self.group_size = group_size  # completions per prompt, so errors can name the prompt
         if not items:
             raise RewardError("no rewards configured: give at least one (name, weight)")
+        if weights:
+            if len(weights) != len(items):
+                raise RewardError(f"reward_weights: {len(weights)} weights for {len(items)} rewards; "
+                                  "give one per reward, in their order")
+            items = [(name, w) for (name, _), w in zip(items, weights)]
         names = [getattr(name, "__name__", name) if callable(name) else name for name, _ in items]
         dupes = sorted({n for n in names if names.count(n) > 1})
         if dupes:
@@ -129,24 +134,95 @@ class RewardSet:
         self.keys = [s if short.count(s) == 1 else n for s, n in zip(short, names)]
         self.weights = {}
         for key, (name, weight) in zip(self.keys, items):
-            if not _finite_real(weight):
+            if not finite_real(weight):
                 raise RewardError(f"reward {key!r}: weight must be a finite number, got {weight!r}")
             self.weights[key] = float(weight)
         self.fns = {key: resolve_reward(name, base_dir) for key, (name, _) in zip(self.keys, items)}
+        self.old_form = {key: takes_answers(fn) for key, fn in self.fns.items()}  # told apart once
+        self.seconds = 0.0  # spent scoring since the last `take_timing`
 
     @classmethod
-    def from_config(cls, items, base_dir: str | Path | None = None, group_size: int = 1) -> RewardSet:
+    def from_config(cls, items, base_dir: str | Path | None = None, group_size: int = 1,
+                    weights: list[float] | None = None) -> RewardSet:
         """Items are dicts with 'name'/'weight' keys or objects with .name/.weight attributes."""
-        return cls([(_field(item, "name"), _field(item, "weight")) for item in items], base_dir, group_size)
+        return cls([(_field(item, "name"), _field(item, "weight")) for item in items], base_dir, group_size,
+                   weights)
 
-    def __call__(self, prompts, completions, answers, **kwargs) -> tuple[list[float], dict[str, list[float]]]:
+    def __call__(self, prompts, completions, answers, **kwargs) -> tuple[list[float], dict[str, list]]:
+        """Score texts alone; `kwargs` reach every reward as they are."""
         n = len(completions)
         if len(prompts) != n or len(answers) != n:
             raise RewardError(f"got {len(prompts)} prompts, {n} completions and {len(answers)} answers")
-        per_name = {k: _score(k, fn, prompts, completions, answers, kwargs, self.group_size)
-                    for k, fn in self.fns.items()}
-        total = [sum(self.weights[k] * per_name[k][i] for k in self.keys) for i in range(n)]
-        return total, per_name
+        return self.score(RewardBatch(list(prompts), list(completions), list(answers), group_size=self.group_size,
+                                      extra=kwargs))
+
+    def score(self, batch: RewardBatch) -> tuple[list[float], dict[str, list]]:
+        """(weighted totals, {name: scores, None where a reward gave none}) of a batch."""
+        tic = time.perf_counter()
+        calls = {key: self._start(key, batch) for key in self.keys}
+        outputs = run_all(calls)  # the async rewards awaited together
+        per_name = {key: self._finish(key, outputs[key], batch) for key in self.keys}
+        self.seconds += time.perf_counter() - tic
+        return self._totals(per_name, batch), per_name
+
+    def _start(self, key: str, batch: RewardBatch):
+        fn = self.fns[key]
+        args, kwargs = arguments(fn, batch, self.old_form[key])
+        check_binding(key, fn, args, kwargs)
+        try:
+            return fn(*args, **kwargs)  # a coroutine, for an async function
+        except (Exception, SystemExit) as e:  # SystemExit: a sys.exit() while scoring
+            return e
+
+    def _finish(self, key: str, out, batch: RewardBatch) -> list[float | None]:
+        if isinstance(out, BaseException):
+            raise RewardError(f"reward {key!r} raised {_describe(out)} on {self._culprit(key, batch)}") from out
+        return check_scores(key, out, batch)
+
+    def _culprit(self, key: str, batch: RewardBatch) -> str:
+        """The first completion that makes the reward raise when scored alone."""
+        fn = self.fns[key]
+        for i in range(len(batch)):
+            args, kwargs = arguments(fn, batch.take(i), self.old_form[key])
+            try:
+                out = run_all({0: fn(*args, **kwargs)})[0]
+            except (Exception, SystemExit) as e:
+                out = e
+            if isinstance(out, BaseException):
+                return batch.where(i)
+        return "index unknown (every sample alone scored without error)"
+
+    def _totals(self, per_name: dict[str, list], batch: RewardBatch) -> list[float]:
+        """The weighted sum of the scores each completion got. One that none scored is an error,
+        unless a reward that can fail to score (a judge whose answer had no score) is among them:
+        then it takes the mean total of its group's scored completions (0 when none is), so its
+        advantage is about 0, as TRL leaves such a completion out of the baseline with none."""
+        totals, unscored = [], []
+        for i in range(len(batch)):
+            given = [(self.weights[k], per_name[k][i]) for k in self.keys if per_name[k][i] is not None]
+            if not given:
+                unscored.append(i)
+            totals.append(sum(w * s for w, s in given))
+        if unscored and any(getattr(fn, "may_fail_to_score", False) for fn in self.fns.values()):
+            G, left_out = batch.group_size, set(unscored)
+            for i in unscored:
+                scored = [totals[j] for j in range(i - i % G, i - i % G + G) if j not in left_out]
+                totals[i] = sum(scored) / len(scored) if scored else 0.0
+        elif unscored:
+            shown = "; ".join(batch.where(i) for i in unscored[:3]) + ("; ..." if len(unscored) > 3 else "")
+            raise RewardError(f"no reward scored {len(unscored)} of {len(batch)} completions (every reward "
+                              f"returned None): {shown}; at least one reward must score each completion")
+        return totals
+
+    def take_timing(self) -> dict[str, float]:
+        """Seconds spent scoring since the last call: `time/rewards`, and each reward's own
+        timing (a judge's `time/judge`, ...); the counters start again."""
+        out = {"time/rewards": self.seconds}
+        for fn in self.fns.values():
+            if hasattr(fn, "take_metrics"):
+                out.update(fn.take_metrics())
+        self.seconds = 0.0
+        return out
 
 
 def _field(item, key: str):
@@ -154,36 +230,3 @@ def _field(item, key: str):
         return item[key] if isinstance(item, Mapping) else getattr(item, key)
     except (KeyError, AttributeError):
         raise RewardError(f"reward entry {item!r} has no {key!r}") from None
-
-
-def _sample(i: int, completions, group_size: int) -> str:
-    return f"sample {i} (prompt {i // group_size}, completion {completions[i][:80]!r})"
-
-
-def _score(key, fn, prompts, completions, answers, kwargs, group_size: int = 1) -> list[float]:
-    """Run one reward on the batch and check its scores; any failure raises naming reward and sample."""
-    try:
-        out = fn(prompts, completions, answers, **kwargs)
-    except (Exception, SystemExit) as e:  # SystemExit: a sys.exit() while scoring
-        where = "index unknown (every sample alone scored without error)"
-        for i in range(len(completions)):
-            try:
-                fn(prompts[i : i + 1], completions[i : i + 1], answers[i : i + 1], **kwargs)
-            except (Exception, SystemExit):
-                where = _sample(i, completions, group_size)
-                break
-        raise RewardError(f"reward {key!r} raised {_describe(e)} on {where}") from e
-    try:
-        scores = list(out)
-    except TypeError:
-        n = len(completions)
-        raise RewardError(f"reward {key!r} returned a {type(out).__name__}, expected {n} scores") from None
-    if len(scores) != len(completions):
-        raise RewardError(f"reward {key!r} returned {len(scores)} scores for {len(completions)} completions")
-    for i, s in enumerate(scores):
-        if not _finite_real(s):
-            raise RewardError(
-                f"reward {key!r} gave {s!r} ({type(s).__name__}) for {_sample(i, completions, group_size)}, "
-                "expected a finite int or float"
-            )
-    return [float(s) for s in scores]

@@ -15,8 +15,9 @@ from mlx_grpo.rewards.gsm8k import (
 
 
 def is_gsm8k_style(answers) -> bool:
+    """Every reference is a number: a `#### N` text or a number in the data."""
     return bool(answers) and all(
-        isinstance(a, str) and "####" in a and extract_reference_number(a) is not None for a in answers
+        (not isinstance(a, str) or "####" in a) and extract_reference_number(a) is not None for a in answers
     )
 
 
@@ -45,7 +46,7 @@ def _same_number(read):
 
 def _lm_eval(extract):
     """A judge as lm-eval's GSM8K task judges: its filter, then exact_match against the whole answer."""
-    return lambda completion, answer: lm_eval_exact_match(extract(completion), answer)
+    return lambda completion, answer: lm_eval_exact_match(extract(completion), str(answer))
 
 
 READINGS = {"accuracy": _same_number(extract_predicted_number), "accuracy_format": _same_number(extract_strict_number),

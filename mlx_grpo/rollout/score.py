@@ -1,17 +1,20 @@
 """A rollout scored: the step's G completions per prompt with their rewards, and its metrics.
 
 `sample_and_score` is the rollout and reward stages of one step, with DAPO's overlong penalty
-added to the rewards when it is on. `ScoredRollout` is what every later stage takes: advantages,
-dynamic sampling's group filtering, the update and the step's metrics.
+added to the rewards when it is on; `reward_batch` hands the rewards every field of each
+completion's data row. `ScoredRollout` is what every later stage takes: advantages, dynamic
+sampling's group filtering, the update and the step's metrics.
 """
 
 from dataclasses import dataclass
+import math
 
 import numpy as np
 
 from mlx_grpo.algorithm.advantages import group_stats
 from mlx_grpo.algorithm.overlong import overlong_penalty
 from mlx_grpo.distributed import SINGLE
+from mlx_grpo.rewards.call import RewardBatch, TrainerState
 from mlx_grpo.rollout.sample import Rollout, generate_completions, make_sampling_logprob
 
 
@@ -43,7 +46,7 @@ class ScoredRollout:
 
     rollout: Rollout
     rewards: list[float]
-    per_name: dict[str, list[float]]
+    per_name: dict[str, list[float | None]]  # None: that reward did not score that completion
     questions: list[str]
 
     @property
@@ -80,13 +83,28 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
     )
 
 
+def reward_batch(examples, texts: list[str], group_size: int, completion_ids=None,
+                 trainer_state: TrainerState | None = None) -> RewardBatch:
+    """What the rewards read of `group_size` completions per example (prompt-major): each row's
+    prompt, answer, conversation and every other field, repeated for each of its completions."""
+    rep = lambda get: [get(e) for e in examples for _ in range(group_size)]  # noqa: E731
+    fields = dict.fromkeys(k for e in examples for k in e.columns)  # every field any row has, in order
+    conversational = any(e.messages is not None for e in examples)
+    return RewardBatch(
+        prompts=rep(lambda e: e.question), completions=list(texts), answers=rep(lambda e: e.answer),
+        completion_ids=completion_ids, columns={k: rep(lambda e: e.columns.get(k)) for k in fields},
+        messages=rep(lambda e: e.messages) if conversational else None, rows=rep(lambda e: e.row),
+        trainer_state=trainer_state or TrainerState(), group_size=group_size,
+    )
+
+
 def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings,
-                     on_progress=None) -> ScoredRollout:
+                     on_progress=None, trainer_state: TrainerState | None = None) -> ScoredRollout:
     """G completions per example, scored; DAPO's overlong penalty added when it is on.
 
     `model` is the policy, or the quantized copy that samples for it (rollout/quantized.py);
     `sampler` is `make_rollout_sampler` of the settings' temperature, top_p, top_k and min_p;
-    on_progress: as generate_completions takes it.
+    on_progress: as generate_completions takes it; `trainer_state` is what the rewards get as theirs.
     """
     G = s.num_generations
     model.eval()
@@ -96,15 +114,14 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: Samplin
         sampling_logprob=make_sampling_logprob(s.temperature, s.top_p, s.top_k, s.min_p),
         on_progress=on_progress,
     )
-    questions = [e.question for e in examples for _ in range(G)]
-    answers = [e.answer for e in examples for _ in range(G)]
-    rewards, per_name = reward_set(questions, rollout.texts, answers)
+    batch = reward_batch(examples, rollout.texts, G, rollout.completion_tokens, trainer_state)
+    rewards, per_name = reward_set.score(batch)
     if s.overlong_penalty > 0:
         lengths = [len(c) for c in rollout.completion_tokens]
         penalty = overlong_penalty(lengths, s.max_new_tokens, s.overlong_buffer, s.overlong_penalty)
         rewards = [r + p for r, p in zip(rewards, penalty)]
         per_name = {**per_name, "overlong_penalty": penalty}
-    return ScoredRollout(rollout, rewards, per_name, questions)
+    return ScoredRollout(rollout, rewards, per_name, batch.prompts)
 
 
 def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> dict:
@@ -112,7 +129,9 @@ def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> d
     cols = world.gather({
         "length": [len(c) for c in drawn.rollout.completion_tokens],
         "truncated": [float(cut) for cut in drawn.rollout.truncated], "reward": drawn.rewards,
-        **{f"rewards/{name}": scores for name, scores in drawn.per_name.items()},
+        # None (not scored) travels as NaN and is left out of the means, as TRL's nanmean does
+        **{f"rewards/{name}": [math.nan if s is None else s for s in scores]
+           for name, scores in drawn.per_name.items()},
     })
     lengths, rewards = cols["length"], cols["reward"]
     out = {
@@ -126,7 +145,9 @@ def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> d
         "completions/clipped_rewarded_ratio": float(np.mean([c > 0 and r > 0 for c, r in zip(cols["truncated"], rewards)])),
     }
     for name in drawn.per_name:
-        scores = cols[f"rewards/{name}"]
-        out[f"rewards/{name}/mean"] = float(np.mean(scores))
+        every = np.array(cols[f"rewards/{name}"], dtype=np.float64)
+        scores = every[~np.isnan(every)]
+        out[f"rewards/{name}/mean"] = float(np.mean(scores)) if len(scores) else math.nan
         out[f"rewards/{name}/std"] = float(np.std(scores, ddof=1)) if len(scores) > 1 else 0.0
+        out[f"rewards/{name}/none_frac"] = 1.0 - len(scores) / len(every)
     return out

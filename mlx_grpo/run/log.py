@@ -32,7 +32,7 @@ class MetricsLog:
 
 class CompletionLog:
     """Appends the logged sample completions to `<output_dir>/completions.jsonl`, one line each:
-    {"step", "prompt", "completion", "reward", "rewards": {name: score}}."""
+    {"step", "prompt", "completion", "reward", "rewards": {name: score, null where it gave none}}."""
 
     def __init__(self, output_dir, fresh: bool = True):
         self.path = Path(output_dir) / COMPLETIONS
@@ -45,7 +45,7 @@ class CompletionLog:
         """The first `count` samples of a step; per_name maps each reward's name to its scores.
         Returns the rows written."""
         rows = [{"step": step, "prompt": prompts[i], "completion": completions[i], "reward": float(rewards[i]),
-                 "rewards": {name: float(scores[i]) for name, scores in per_name.items()}}
+                 "rewards": {name: None if scores[i] is None else float(scores[i]) for name, scores in per_name.items()}}
                 for i in range(min(count, len(completions)))]
         with naming(self.path), self.path.open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
@@ -135,6 +135,8 @@ def format_step(m: dict, width: int = WIDTH) -> list[str]:
         f"{m['step_time']:.2f}s",
         f"{m['peak_memory_gb']:.2f}GB",
     ]
+    if "time/judge" in m:  # the judge reward's share of the step
+        parts.append(f"judging {m['time/judge']:.2f}s")
     return pack(parts, width)
 
 

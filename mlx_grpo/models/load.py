@@ -1,6 +1,6 @@
 """Loading the policy (and, when needed, the reference) with mlx-lm.
 
-Owns: resolving `model.path` (hub id, local folder, `builtin:NAME`), converting and
+Owns: resolving `model.path` (hub id, local folder, `builtin:NAME`, `shape:NAME`), converting and
 quantizing once into a cache folder, casting the dtype, and turning on LoRA/DoRA
 adapters. With LoRA the reference model is the same weights with the adapters
 switched off, so no second copy is held in memory.
@@ -25,6 +25,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_grpo.algorithm.prefix import PrefixCache
 from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.models.builtin import builtin_model_path, cache_dir
+from mlx_grpo.models.shapes import PREFIX as SHAPE_PREFIX, shape_model_path
 from mlx_grpo.errors import ModelError
 from mlx_grpo.planner.shapes import read_model_shape
 
@@ -41,10 +42,13 @@ def resolve_dtype(name: str) -> str:
 _ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
 
 
-def resolve_model_path(path: str) -> str:
-    """A loadable path: the shipped builtin:tiny, or builtin:small built once into the cache."""
+def resolve_model_path(path: str, setting: str = "model.path") -> str:
+    """A loadable path: the shipped builtin:tiny, builtin:small or a `shape:NAME` built once into
+    the cache (`setting`, the key or flag that named it, is what an unknown name's error names)."""
     if path.startswith("builtin:"):
         return str(builtin_model_path(path.removeprefix("builtin:")))
+    if path.startswith(SHAPE_PREFIX):
+        return str(shape_model_path(path.removeprefix(SHAPE_PREFIX), setting))
     return path
 
 

@@ -5,7 +5,8 @@ M is one of, tried in this order:
 - an adapter checkpoint (`adapter_config.json`): the base named by its `config.toml` (loaded
   as the run loaded it: same dtype, same quantization), with the adapters on top;
 - a model folder (`config.json`): a full checkpoint, an exported or a converted folder;
-- a hub id or `builtin:NAME` (a built-in model gets the system prompt it was warm-started with).
+- a hub id, `builtin:NAME` (a built-in model gets the system prompt it was warm-started with) or
+  `shape:NAME` (models/shapes.py).
 `--adapter DIR` adds an adapter folder to a base M. The run's resolved `config.toml`, when the
 checkpoint, the adapter or the exported folder has one, supplies the system prompt.
 """
@@ -93,8 +94,8 @@ def _loading(given: str, folder: Path, load, *args):
 
 
 def _load_named(spec: str, flag: str) -> LoadedModel:
-    """A hub id or builtin:NAME."""
-    path = resolve_model_path(spec)
+    """A hub id, builtin:NAME or shape:NAME."""
+    path = resolve_model_path(spec, flag)
     hub = not Path(path).exists()
     if hub:  # one line at once when the hub cannot be reached
         path = hub_or_cache(path, flag)

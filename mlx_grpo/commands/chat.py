@@ -71,7 +71,8 @@ class ChatSession:
         # mlx-lm feeds each sampled token back before the next one is asked for, so the cache
         # may or may not hold the last sampled token: its offset says which.
         fed = tokens + answer.tokens
-        offset = self.cache[0].offset
+        # the first layer with an attention cache: a hybrid's convolution/SSM state has no offset
+        offset = next(c.offset for c in self.cache if hasattr(c, "offset"))
         assert offset <= len(fed), f"KV cache holds {offset} tokens, more than the {len(fed)} fed"
         self.cached = fed[:offset]
 

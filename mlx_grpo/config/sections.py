@@ -26,10 +26,10 @@ class LoraConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: [
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-    ])
+    # "all-linear" = every linear layer of the adapted blocks, whatever the family calls them (for
+    # Qwen, Llama and Gemma q/k/v/o_proj and gate/up/down_proj); else block-relative names such
+    # as "self_attn.q_proj"
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     num_layers: int = -1  # -1 = all layers, else the last N (as mlx-lm counts)
     method: str = "lora"  # "dora" = weight-decomposed LoRA (mlx-lm's DoRA layers)
     resume_adapter: str = ""  # an adapter folder to start from; "" = fresh adapters

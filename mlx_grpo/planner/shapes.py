@@ -198,7 +198,8 @@ def _in_features(shape: ModelShape, t: Tensor) -> int:
 
 def trainable_params(shape: ModelShape, run: "RunShape") -> int:
     """Every float parameter (full fine-tune), or the LoRA/DoRA adapters' A and B (and DoRA's
-    magnitudes) on the target modules of the last lora_layers blocks."""
+    magnitudes) on the target modules of the last lora_layers blocks ("all-linear": every
+    matrix of a block, as the loader's target_keys reads it)."""
     if not run.lora:
         return sum(t.size for t in shape.tensors.values())
     adapted = run.lora_layers if 0 <= run.lora_layers <= shape.layers else shape.layers
@@ -210,7 +211,8 @@ def trainable_params(shape: ModelShape, run: "RunShape") -> int:
             continue
         i = parts.index("layers")
         block, module = int(parts[i + 1]), ".".join(parts[i + 2:-1])
-        if block >= first and module in run.lora_targets:
+        targeted = len(t.shape) == 2 if run.lora_targets == ("all-linear",) else module in run.lora_targets
+        if block >= first and targeted:
             out, inp = t.shape[0], _in_features(shape, t)
             total += run.lora_rank * (inp + out) + (out if run.dora else 0)
     return total

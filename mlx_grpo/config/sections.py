@@ -50,6 +50,9 @@ class DataConfig:
     prompt_field: str = "question"
     answer_field: str = "answer"  # "" = no reference answers
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
+    # passed to the chat template where prompts are rendered (TRL's chat_template_kwargs), e.g.
+    # {enable_thinking = false}: a Qwen3-style prompt then closes an empty <think> block
+    chat_template_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
     max_prompt_tokens: int = 512
     shuffle: bool = True
 

@@ -202,7 +202,7 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
             question = _field(row, cfg.prompt_field, i, label, "data.prompt_field")
             messages = prompt_messages(question, cfg.system_prompt)
         answer = _field(row, cfg.answer_field, i, label, "data.answer_field") if cfg.answer_field else None
-        text = render_text(tokenizer, messages)
+        text = render_text(tokenizer, messages, cfg.chat_template_kwargs)
         tokens = tokenizer.encode(text, add_special_tokens=False)
         if len(tokens) > cfg.max_prompt_tokens:
             skipped += 1

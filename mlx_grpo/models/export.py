@@ -38,7 +38,7 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
         config.pop("quantization_config", None)
     with output_folder(out, force, flag="--out", keep=keep) as tmp:
         mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
-        write_system_prompt(tmp, loaded.system_prompt)
+        write_system_prompt(tmp, loaded.system_prompt, loaded.template_kwargs)
         if loaded.config is not None:
             save_config(loaded.config, tmp / CONFIG)
     return Path(out).expanduser()

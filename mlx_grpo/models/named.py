@@ -42,6 +42,11 @@ class LoadedModel:
     def system_prompt(self) -> str:
         return self.config.data.system_prompt if self.config is not None else self.trained_system_prompt
 
+    @property
+    def template_kwargs(self) -> dict:
+        """The run's data.chat_template_kwargs, which its prompts were rendered with."""
+        return self.config.data.chat_template_kwargs if self.config is not None else {}
+
 
 def _run_config(folder: Path) -> Config | None:
     path = folder / CONFIG

@@ -58,7 +58,7 @@ def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers:
     else:
         model_config = mlx_lm.utils.load_config(Path(base_path))
         mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
-        write_system_prompt(dst, cfg.data.system_prompt)
+        write_system_prompt(dst, cfg.data.system_prompt, cfg.data.chat_template_kwargs)
 
 
 def _metrics_of(output_dir, step: int) -> dict | None:

@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import mlx.core as mx
 import mlx.nn as nn
 import pytest
 from mlx.utils import tree_flatten
@@ -15,6 +16,7 @@ from mlx_lm.utils import load_tokenizer
 
 from checks import one_line_error
 from mlx_grpo import cli
+from mlx_grpo.commands.plan import shares_prefix
 from mlx_grpo.commands.setup import build_policy
 from mlx_grpo.config import load_config, save_config
 from mlx_grpo.data.load import load_examples
@@ -68,6 +70,17 @@ PUBLISHED_PARAMETERS = {"qwen2.5-0.5b": 494_032_768, "qwen2.5-1.5b": 1_543_714_3
 def test_each_config_has_the_published_parameter_count(name):
     shape = config_model_shape(shape_config(name))
     assert sum(t.size for t in shape.tensors.values()) == PUBLISHED_PARAMETERS[name]
+
+
+def test_planning_a_model_from_its_config_draws_no_random_number(tmp_path):
+    """`plan` runs mid-run (training.worst_case_first = "auto"): building mlx-lm's class for a
+    config drew from MLX's stream (its layers' initialisers), and the run sampled other completions."""
+    mx.random.seed(3)
+    expected = mx.random.uniform().item()
+    mx.random.seed(3)
+    config_model_shape(shape_config("qwen2.5-0.5b"))
+    shares_prefix(shape_config("lfm2-350m"))
+    assert mx.random.uniform().item() == expected
 
 
 @pytest.mark.parametrize("name", FAMILIES)

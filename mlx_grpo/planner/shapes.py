@@ -150,13 +150,21 @@ def _model_shape(cfg: dict, tensors: dict[str, Tensor]) -> ModelShape:
 
 def lazy_model(config: dict):
     """mlx-lm's model for a config.json object, unevaluated (its parameters are shapes only). A
-    head its weights would not have (tie_word_embeddings; Gemma 3 builds one anyway) is dropped."""
+    head its weights would not have (tie_word_embeddings; Gemma 3 builds one anyway) is dropped.
+    The layers' initialisers draw from MLX's global random stream even unevaluated: it is put
+    back, so that planning mid-run (training.worst_case_first) leaves the run's sampling alone."""
     import copy
 
     from mlx_lm.utils import _get_classes  # mlx-lm's own config -> class lookup (mlx-lm is pinned)
 
+    from mlx_grpo.rng import capture_rng, restore_rng
+
     model_class, args_class = _get_classes(config)
-    model = model_class(args_class.from_dict(copy.deepcopy(config)))
+    rng = capture_rng()
+    try:
+        model = model_class(args_class.from_dict(copy.deepcopy(config)))
+    finally:
+        restore_rng(rng)
     if config.get("tie_word_embeddings") and "lm_head" in model:
         model.pop("lm_head")
     return model

@@ -66,7 +66,7 @@ def test_defaults():
     assert (cfg.seed, cfg.output_dir) == (0, "runs/default")
     assert cfg.model.path == "builtin:tiny" and cfg.model.dtype == "auto"
     assert cfg.lora.enabled is False and cfg.lora.scale == 16.0 / 8
-    assert len(cfg.lora.target_modules) == 7
+    assert cfg.lora.target_modules == ["all-linear"]
     assert cfg.data.dataset == "builtin:arithmetic"
     assert cfg.data.system_prompt == DEFAULT_SYSTEM_PROMPT
     assert cfg.generation.num_generations == 8 and cfg.generation.top_p == 1.0

@@ -81,8 +81,9 @@ def _wrong_types(dotted, hint):
     ok = set().union(*({int: {"int"}, float: {"int", "float"}, str: {"str"}, bool: {"bool"}}.get(m, set())
                        | ({"table"} if typing.get_origin(m) is dict else set()) for m in members))
     values = [(v, dotted) for kind, v in SAMPLES.items() if kind not in ok]
-    if "table" in ok:  # a table of strings: a wrong value in it is named by its own key
-        values.append(({"a": 1}, f"{dotted}.a"))
+    if "table" in ok:  # a wrong value in a table is named by its own key: an integer among strings,
+        table = next(m for m in members if typing.get_origin(m) is dict)  # an array among scalars
+        values.append(({"a": 1} if typing.get_args(table)[1] is str else {"a": [1]}, f"{dotted}.a"))
     hint = members[0]
     if typing.get_origin(hint) is list:
         elem = typing.get_args(hint)[0]

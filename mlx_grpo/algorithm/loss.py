@@ -28,20 +28,30 @@ from mlx_grpo.algorithm.mismatch import importance_weights, mismatch_metrics
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
 IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
-# Architectures whose forward is `head(model.model(x))` with nothing in between, so the
-# vocabulary projection can run on completion positions only (a 150k-token vocabulary
-# over the prompt would otherwise dominate memory).
-_PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe"}
+# Architectures whose forward is `head(body(x))` with nothing in between (no logit scaling or
+# softcapping; Gemma 3's embedding scale is inside the body), so the vocabulary projection can
+# run on completion positions only (a 150k-262k-token vocabulary over the prompt would otherwise
+# dominate memory). The head is `lm_head`, or the tied embedding where the model has none.
+_PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe", "gemma3_text", "lfm2"}
+# The same, with the language model one level down (vision-language classes mlx-lm loads as text).
+_WRAPPED_HEAD_TYPES = {"qwen3_5"}
+
+
+def body_and_head(model):
+    """(body, head) of a model whose logits are head(body(x)), or None for other architectures."""
+    kind = getattr(model, "model_type", None)
+    if kind not in _PLAIN_HEAD_TYPES | _WRAPPED_HEAD_TYPES:
+        return None
+    top = model.language_model if kind in _WRAPPED_HEAD_TYPES else model
+    return top.model, (top.lm_head if "lm_head" in top else top.model.embed_tokens.as_linear)
 
 
 def _completion_logits(model, inputs: mx.array, positions: mx.array) -> mx.array:
     """Logits at `positions` [N, T] of the right-padded sequences `inputs` [N, L]."""
     idx = positions[..., None]
-    if getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES:
-        hidden = mx.take_along_axis(model.model(inputs), idx, axis=1)  # (N, T, D)
-        if hasattr(model, "lm_head"):
-            return model.lm_head(hidden)
-        return model.model.embed_tokens.as_linear(hidden)
+    if (split := body_and_head(model)) is not None:
+        body, head = split
+        return head(mx.take_along_axis(body(inputs), idx, axis=1))  # (N, T, D) -> (N, T, V)
     return mx.take_along_axis(model(inputs), idx, axis=1)  # (N, T, V)
 
 

@@ -9,9 +9,10 @@ log-probs equal those of the padded full sequences (`pack_sequences`) to float p
 """
 
 import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlx_grpo.algorithm.loss import (
-    _PLAIN_HEAD_TYPES, _gather_logprobs, logprobs_and_entropies, token_logprobs, token_logprobs_and_entropies,
+    _gather_logprobs, body_and_head, logprobs_and_entropies, token_logprobs, token_logprobs_and_entropies,
 )
 
 
@@ -45,29 +46,30 @@ class PrefixCache:
         return self.keys, self.values
 
 
-def _body(model):
-    """The transformer without its head, where the head is a plain projection."""
-    return model.model if getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES else model
+def supports_shared_prefix(model) -> bool:
+    """Whether every layer keeps a plain attention cache (mlx-lm's KVCache), the one kind
+    PrefixCache stands in for. Sliding-window attention (Gemma 3's RotatingKVCache) and the
+    state of convolution, SSM or delta-net layers (hybrids' ArraysCache) cannot share a prefix
+    this way: such models are scored on the padded path (commands/setup.py decides, once)."""
+    return not unshared_cache_kinds(model)
 
 
-def _head(model, hidden):
-    if getattr(model, "model_type", None) not in _PLAIN_HEAD_TYPES:
-        return hidden  # the whole model ran: these are logits already
-    if hasattr(model, "lm_head"):
-        return model.lm_head(hidden)
-    return model.model.embed_tokens.as_linear(hidden)
+def unshared_cache_kinds(model) -> list[str]:
+    """The names of the cache kinds of `model` that PrefixCache cannot stand in for."""
+    return sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
 
 
 def group_logits(model, prompt: mx.array, inputs: mx.array) -> mx.array:
     """Logits (G, T, V) of one group: prompt (P,) run once, inputs (G, T) on top of it."""
     n_layers = len(model.layers)
     cache = [PrefixCache() for _ in range(n_layers)]
-    body = _body(model)
+    split = body_and_head(model)
+    body, head = split if split is not None else (model, lambda logits: logits)  # the whole model: logits
     if prompt.shape[0] > 1:
         body(prompt[None, :-1], cache=cache)  # (1, P-1): keys/values only, no head
         for c in cache:  # a broadcast view: the concatenation with the completions' keys is the one copy
             c.keys, c.values = (mx.broadcast_to(a, (inputs.shape[0], *a.shape[1:])) for a in (c.keys, c.values))
-    return _head(model, body(inputs, cache=cache))
+    return head(body(inputs, cache=cache))
 
 
 def grouped_logits(model, batch, temperature: float) -> mx.array:

@@ -35,7 +35,7 @@ def seed_number(text):
 def add_model_args(parser, required=True):
     parser.add_argument("--model", required=required, metavar="M",
                         help="a run folder (its latest checkpoint), a checkpoint, an exported or converted "
-                        "folder, a hub id, or builtin:tiny")
+                        "folder, a hub id, builtin:tiny, or shape:NAME (a published shape, random weights)")
     parser.add_argument("--adapter", default=None, metavar="DIR", help="an adapter folder to put on the base M")
 
 

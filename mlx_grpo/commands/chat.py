@@ -23,9 +23,11 @@ HELP = "commands: /reset (new conversation), /system TEXT, /quit; Ctrl-C stops a
 class ChatSession:
     """A conversation with one model; `cached` lists exactly the tokens the KV cache holds."""
 
-    def __init__(self, model, tokenizer, *, system_prompt: str = "", max_tokens: int = 256, sampler=None):
+    def __init__(self, model, tokenizer, *, system_prompt: str = "", max_tokens: int = 256, sampler=None,
+                 template_kwargs: dict | None = None):
         self.model, self.tokenizer = model, tokenizer
         self.system_prompt, self.max_tokens, self.sampler = system_prompt, max_tokens, sampler
+        self.template_kwargs = template_kwargs or {}  # the run's data.chat_template_kwargs
         self.reset()
 
     def reset(self):
@@ -51,7 +53,7 @@ class ChatSession:
     def reply(self, text: str, on_text: Callable[[str], None] = lambda s: None) -> tuple[str, bool]:
         """The answer to `text` (streamed to on_text) and whether Ctrl-C cut it short."""
         self.messages.append({"role": "user", "content": text})
-        tokens = render_messages(self.tokenizer, self.messages)
+        tokens = render_messages(self.tokenizer, self.messages, self.template_kwargs)
         keep = self._reuse_cache(tokens)
         pieces = []
         try:
@@ -71,7 +73,8 @@ class ChatSession:
         # mlx-lm feeds each sampled token back before the next one is asked for, so the cache
         # may or may not hold the last sampled token: its offset says which.
         fed = tokens + answer.tokens
-        offset = self.cache[0].offset
+        # the first layer with an attention cache: a hybrid's convolution/SSM state has no offset
+        offset = next(c.offset for c in self.cache if hasattr(c, "offset"))
         assert offset <= len(fed), f"KV cache holds {offset} tokens, more than the {len(fed)} fed"
         self.cached = fed[:offset]
 
@@ -123,6 +126,6 @@ def main(args):
     session = ChatSession(
         loaded.model, loaded.tokenizer, max_tokens=args.max_tokens,
         system_prompt=loaded.system_prompt if args.system is None else args.system,
-        sampler=make_rollout_sampler(args.temperature, args.top_p, 0, 0.0),
+        sampler=make_rollout_sampler(args.temperature, args.top_p, 0, 0.0), template_kwargs=loaded.template_kwargs,
     )
     chat_loop(session)

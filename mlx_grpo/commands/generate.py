@@ -45,10 +45,11 @@ def stream_answer(model, tokenizer, prompt_tokens: list[int], *, max_tokens: int
 
 def generate_answer(model, tokenizer, prompt: str, *, system_prompt: str = "", max_tokens: int = 256,
                     temperature: float = 0.0, top_p: float = 1.0, seed: int = 0,
-                    on_text: Callable[[str], None] = lambda s: None) -> Answer:
-    """The model's answer to `prompt`; temperature 0 is greedy decoding."""
+                    on_text: Callable[[str], None] = lambda s: None, template_kwargs: dict | None = None) -> Answer:
+    """The model's answer to `prompt`; temperature 0 is greedy decoding; `template_kwargs` are the
+    run's data.chat_template_kwargs."""
     mx.random.seed(seed)
-    tokens = render_messages(tokenizer, conversation(system_prompt, prompt))
+    tokens = render_messages(tokenizer, conversation(system_prompt, prompt), template_kwargs)
     sampler = make_rollout_sampler(temperature, top_p, 0, 0.0)
     return stream_answer(model, tokenizer, tokens, max_tokens=max_tokens, sampler=sampler, on_text=on_text)
 
@@ -74,7 +75,7 @@ def main(args) -> Answer:
     answer = generate_answer(
         loaded.model, loaded.tokenizer, args.prompt, system_prompt=system, max_tokens=args.max_tokens,
         temperature=args.temperature, top_p=args.top_p, seed=args.seed,
-        on_text=print_piece if args.stream else (lambda s: None),
+        on_text=print_piece if args.stream else (lambda s: None), template_kwargs=loaded.template_kwargs,
     )
     if not args.stream:
         sys.stdout.write(answer.text)

@@ -1,7 +1,8 @@
 """`mlx-grpo plan`: will this profile fit in this machine's memory? The predicted peak of each
 phase (planner/: config.json and safetensors headers, no weights loaded) against the
 device's memory, and, when it does not fit, single changes that would. `train` runs the same
-check (`check_fits`) before it loads anything.
+check (`check_fits`) before it loads anything; a `shape:NAME` not built yet is planned from its
+config alone, so one too large for the machine is refused before any of its weights is made.
 """
 
 import contextlib
@@ -16,7 +17,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.planner.constants import GB
 from mlx_grpo.planner.predict import predict, suggestions
-from mlx_grpo.planner.shapes import JudgeShape, read_model_shape, run_shape
+from mlx_grpo.planner.shapes import JudgeShape, config_model_shape, lazy_model, read_config, read_model_shape, run_shape
 
 PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout copy", "rollout KV cache", "update activations",
           "logits", "judge weights", "judge KV cache", "rollout", "update", "judging")  # judge ones: with a judge
@@ -61,15 +62,50 @@ def model_folder(path: str, setting: str = "model.path") -> Path:
                               f"({type(e).__name__}); download it first to plan its memory") from e
 
 
-def longest_prompt(cfg, folder: Path) -> int | None:
+def planned_model(path: str):
+    """(ModelShape, local folder or None, config.json object) of model.path. A `shape:NAME` not
+    built yet has no folder: it is planned from its catalog config, and nothing is built."""
+    from mlx_grpo.models.load import check_model_folder
+    from mlx_grpo.models.shapes import PREFIX, shape_config, shape_folder
+
+    name = path.removeprefix(PREFIX)
+    if path.startswith(PREFIX) and not shape_folder(name).exists():
+        config = shape_config(name)
+        return config_model_shape(config), None, config
+    folder = model_folder(path)
+    check_model_folder(str(folder), tokenizer=False)  # a folder the loader refuses: its one line, here too
+    return read_model_shape(folder), folder, read_config(folder)
+
+
+def shares_prefix(config: dict) -> bool:
+    """Whether training.shared_prefix applies to this model (algorithm/prefix.py); a config whose
+    model mlx-lm cannot build here is assumed to."""
+    from mlx_grpo.algorithm.prefix import supports_shared_prefix
+
+    try:
+        model = lazy_model(config)
+    except Exception:  # an architecture this mlx-lm lacks: loading will say so
+        return True
+    return supports_shared_prefix(model)
+
+
+def longest_prompt(cfg, folder: Path | None) -> int | None:
     """The longest training prompt, in tokens, that data.max_prompt_tokens lets through (longer
-    ones are skipped); None when the data cannot be read without a download."""
+    ones are skipped); None when the data cannot be read without a download. A `shape:NAME` not
+    built yet (`folder` None) gets its tokenizer written aside for this."""
+    import tempfile
+
     from mlx_lm.utils import load_tokenizer
 
     from mlx_grpo.data.examples import load_examples
+    from mlx_grpo.models.shapes import PREFIX, write_tokenizer_and_config
 
     try:
-        tokenizer = load_tokenizer(folder)
+        with tempfile.TemporaryDirectory() as tmp:
+            if folder is None:
+                folder = Path(tmp)
+                write_tokenizer_and_config(folder, cfg.model.path.removeprefix(PREFIX))
+            tokenizer = load_tokenizer(folder)
         with contextlib.redirect_stdout(io.StringIO()):  # "data: skipped N prompts ..." is train's to say
             examples = load_examples(cfg.data, tokenizer, seed=cfg.seed)
     except UserError as e:  # hub data that cannot be reached: the worst case stands alone
@@ -104,12 +140,12 @@ def plan(cfg, memory_gb: float | None = None, data: bool = False) -> dict:
     `suggestions` ([--set items, predicted peak GB], when it does not fit). With `data`, also
     `data_peak_gb`: the peak at the training split's own longest prompt (`data_prompt_tokens`),
     which a run on that data reaches when a completion runs to max_new_tokens."""
-    from mlx_grpo.models.load import check_model_folder, resolve_dtype
+    from mlx_grpo.models.load import resolve_dtype
 
-    folder = model_folder(cfg.model.path)
-    check_model_folder(str(folder), tokenizer=False)  # a folder the loader refuses: its one line, here too
-    shape = read_model_shape(folder)
+    shape, folder, config = planned_model(cfg.model.path)
     run = replace(run_shape(cfg, resolve_dtype(cfg.model.dtype)), judges=judge_shapes(cfg))
+    if run.shared_prefix and not shares_prefix(config):  # it trains on the padded path (setup.py)
+        run = replace(run, shared_prefix=False)
     phases = predict(shape, run)
     device = memory_gb if memory_gb is not None else device_memory_gb()
     fits = phases["peak"] <= device * GB

@@ -7,12 +7,13 @@ values it needs.
 """
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_grpo.algorithm.prefix import unshared_cache_kinds
 from mlx_grpo.data.examples import Example, load_examples
 from mlx_grpo.distributed import SINGLE, World, sampling_seed, sync_parameters
 from mlx_grpo.errors import TrainingError
@@ -23,6 +24,7 @@ from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout.quantized import QuantizedRollouts
 from mlx_grpo.rollout.sample import make_rollout_sampler
 from mlx_grpo.rollout.score import SamplingSettings
+from mlx_grpo.run.console import say
 from mlx_grpo.update.optimizer import make_optimizer
 from mlx_grpo.update.settings import UpdateSettings
 from mlx_grpo.update.step import make_update_grad_fn
@@ -93,6 +95,18 @@ class Trainer:
         return self.quantized.model_for(self.model, self.optimizer) if self.quantized else self.model
 
 
+def prefix_sharing(settings: UpdateSettings, model, model_path: str, world: World = SINGLE) -> UpdateSettings:
+    """`settings` with training.shared_prefix off for a model whose layers cannot share a prompt
+    prefix (algorithm/prefix.py), said once; such a model is scored on the padded path."""
+    kinds = unshared_cache_kinds(model) if settings.shared_prefix else []
+    if not kinds:
+        return settings
+    if world.is_main:
+        say(f"mlx-grpo: training.shared_prefix: {model_path} has layers whose cache ({', '.join(kinds)}) cannot "
+            "share a prompt prefix; each completion is scored with its own prompt (the padded path)")
+    return replace(settings, shared_prefix=False)
+
+
 def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None) -> Trainer:
     """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
     the sampling streams start from the seed."""
@@ -108,7 +122,7 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
     examples = load_examples(cfg.data, tokenizer, seed=cfg.seed, rows=rows)
-    gen, settings = cfg.generation, UpdateSettings.from_config(cfg)
+    gen, settings = cfg.generation, prefix_sharing(UpdateSettings.from_config(cfg), model, cfg.model.path, world)
     return Trainer(
         model, tokenizer, base_path, num_layers, ref_model, examples,
         sampler=make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p),

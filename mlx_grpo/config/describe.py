@@ -19,7 +19,8 @@ DESCRIPTIONS = {
     "output_dir": "The run folder: config.toml, metrics.jsonl, completions.jsonl, checkpoints/.",
     "reward_weights": "One weight per `[[rewards]]` entry, in place of theirs, as TRL's reward_weights; empty keeps theirs.",
     # [model]
-    "model.path": "A hub id, a local Hugging Face or MLX folder, `builtin:tiny` or `builtin:small`.",
+    "model.path": "A hub id, a local Hugging Face or MLX folder, `builtin:tiny`, `builtin:small`, or `shape:NAME` "
+                  "(a published model's shape with random weights).",
     "model.dtype": "The weights' dtype when loaded: `auto` is bfloat16 on Metal and float32 on the CPU backend.",
     "model.quantize_bits": "Quantize the base to 4 or 8 bits once into the cache (QLoRA with LoRA on); 0 keeps it.",
     "model.quantize_group_size": "Weights sharing one quantization scale.",
@@ -29,7 +30,8 @@ DESCRIPTIONS = {
     "lora.rank": "The adapters' rank r.",
     "lora.alpha": "Scales the adapters' output by alpha / rank (mlx-lm's `scale`).",
     "lora.dropout": "Dropout on the adapters' input while training.",
-    "lora.target_modules": "Block-relative names of the linear layers that get adapters.",
+    "lora.target_modules": "`all-linear` (every linear layer of the adapted blocks), or block-relative names "
+                           "such as `self_attn.q_proj`.",
     "lora.num_layers": "Adapt the last N blocks; -1 adapts all.",
     "lora.method": "`lora`, or `dora` (weight-decomposed LoRA).",
     "lora.resume_adapter": "An adapter folder to start from; empty starts fresh adapters.",
@@ -42,6 +44,8 @@ DESCRIPTIONS = {
     "data.answer_field": "The column holding the reference answer the rewards compare with; empty for none.",
     "data.system_prompt": "The system message put before each text prompt (a conversation's own system message wins).",
     "data.system_field": "A field holding each row's own system prompt, used in place of system_prompt; empty for none.",
+    "data.chat_template_kwargs": "Extra variables for the chat template wherever a prompt is rendered "
+                                 "(TRL's), e.g. `{enable_thinking = false}`.",
     "data.max_prompt_tokens": "Prompts longer than this (after the chat template) are skipped and counted.",
     "data.shuffle": "Walk the training prompts in a seeded order, reshuffled each pass.",
     # [generation]

@@ -26,10 +26,10 @@ class LoraConfig:
     rank: int = 8
     alpha: float = 16.0
     dropout: float = 0.0
-    target_modules: list[str] = field(default_factory=lambda: [
-        "self_attn.q_proj", "self_attn.k_proj", "self_attn.v_proj", "self_attn.o_proj",
-        "mlp.gate_proj", "mlp.up_proj", "mlp.down_proj",
-    ])
+    # "all-linear" = every linear layer of the adapted blocks, whatever the family calls them (for
+    # Qwen, Llama and Gemma q/k/v/o_proj and gate/up/down_proj); else block-relative names such
+    # as "self_attn.q_proj"
+    target_modules: list[str] = field(default_factory=lambda: ["all-linear"])
     num_layers: int = -1  # -1 = all layers, else the last N (as mlx-lm counts)
     method: str = "lora"  # "dora" = weight-decomposed LoRA (mlx-lm's DoRA layers)
     resume_adapter: str = ""  # an adapter folder to start from; "" = fresh adapters
@@ -51,6 +51,9 @@ class DataConfig:
     answer_field: str = "answer"  # "" = no reference answers
     system_prompt: str = DEFAULT_SYSTEM_PROMPT
     system_field: str = ""  # a field holding each row's own system prompt, in place of system_prompt; "" = none
+    # passed to the chat template where prompts are rendered (TRL's chat_template_kwargs), e.g.
+    # {enable_thinking = false}: a Qwen3-style prompt then closes an empty <think> block
+    chat_template_kwargs: dict[str, bool | int | float | str] = field(default_factory=dict)
     max_prompt_tokens: int = 512
     shuffle: bool = True
 

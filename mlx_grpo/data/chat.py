@@ -29,21 +29,23 @@ def plain_prompt(question: str, system_prompt: str = "") -> str:
     return plain_text(conversation(system_prompt, question))
 
 
-def render_text(tokenizer, messages: list[dict]) -> str:
-    """The text of a conversation that the model continues with its answer."""
+def render_text(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> str:
+    """The text of a conversation that the model continues with its answer; `template_kwargs`
+    (data.chat_template_kwargs) are the chat template's extra variables."""
     if not has_chat_template(tokenizer):
         return plain_text(messages)
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False)
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
+                                         **(template_kwargs or {}))
 
 
-def render_prompt(tokenizer, question: str, system_prompt: str = "") -> str:
+def render_prompt(tokenizer, question: str, system_prompt: str = "", template_kwargs: dict | None = None) -> str:
     """The text of a one-question chat (see `conversation`)."""
-    return render_text(tokenizer, conversation(system_prompt, question))
+    return render_text(tokenizer, conversation(system_prompt, question), template_kwargs)
 
 
-def render_messages(tokenizer, messages: list[dict]) -> list[int]:
+def render_messages(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> list[int]:
     """Token ids of a conversation, ending where the assistant's next answer begins."""
-    return tokenizer.encode(render_text(tokenizer, messages), add_special_tokens=False)
+    return tokenizer.encode(render_text(tokenizer, messages, template_kwargs), add_special_tokens=False)
 
 
 def prompt_messages(prompt: str | list[dict], system_prompt: str = "") -> list[dict]:

@@ -104,7 +104,7 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
         if len(question) > most_chars:  # the prompt holds the question, so it has more tokens than allowed
             skipped += 1
             continue
-        text = render_text(tokenizer, messages)
+        text = render_text(tokenizer, messages, cfg.chat_template_kwargs)
         tokens = tokenizer.encode(text, add_special_tokens=False)
         if len(tokens) > cfg.max_prompt_tokens:
             skipped += 1

@@ -40,7 +40,7 @@ def export_model(source: str, out: str, *, adapter: str | None = None, dequantiz
     try:
         with output_folder(out, force, flag="--out", keep=keep) as tmp:
             mlx_lm.utils.save(tmp, loaded.base_path, model, loaded.tokenizer, config, donate_model=False)
-            write_system_prompt(tmp, loaded.system_prompt)
+            write_system_prompt(tmp, loaded.system_prompt, loaded.template_kwargs)
             if loaded.config is not None:
                 save_config(loaded.config, tmp / CONFIG)
     except (OSError, RuntimeError) as e:  # a full disk; MLX raises RuntimeError for its writes

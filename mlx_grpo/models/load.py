@@ -1,6 +1,6 @@
 """Loading the policy (and, when needed, the reference) with mlx-lm.
 
-Owns: resolving `model.path` (hub id, local folder, `builtin:NAME`), converting and
+Owns: resolving `model.path` (hub id, local folder, `builtin:NAME`, `shape:NAME`), converting and
 quantizing once into a cache folder, casting the dtype, and turning on LoRA/DoRA
 adapters. With LoRA the reference model is the same weights with the adapters
 switched off, so no second copy is held in memory.
@@ -25,6 +25,7 @@ from mlx_lm.tuner.utils import linear_to_lora_layers
 from mlx_grpo.algorithm.prefix import PrefixCache
 from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.models.builtin import builtin_model_path, cache_dir
+from mlx_grpo.models.shapes import PREFIX as SHAPE_PREFIX, shape_model_path
 from mlx_grpo.errors import ModelError
 from mlx_grpo.planner.shapes import read_model_shape
 
@@ -41,10 +42,13 @@ def resolve_dtype(name: str) -> str:
 _ADAPTER_TYPES = (LoRALinear, LoRASwitchLinear, LoRAEmbedding, DoRALinear, DoRAEmbedding)
 
 
-def resolve_model_path(path: str) -> str:
-    """A loadable path: the shipped builtin:tiny, or builtin:small built once into the cache."""
+def resolve_model_path(path: str, setting: str = "model.path") -> str:
+    """A loadable path: the shipped builtin:tiny, builtin:small or a `shape:NAME` built once into
+    the cache (`setting`, the key or flag that named it, is what an unknown name's error names)."""
     if path.startswith("builtin:"):
         return str(builtin_model_path(path.removeprefix("builtin:")))
+    if path.startswith(SHAPE_PREFIX):
+        return str(shape_model_path(path.removeprefix(SHAPE_PREFIX), setting))
     return path
 
 
@@ -162,23 +166,45 @@ def load_base(model_cfg, path: str | None = None):
     return model, tokenizer, str(local)
 
 
-def lora_parameters(lora_cfg) -> dict:
-    """The `lora_parameters` mlx-lm expects: it takes `scale`, so alpha / rank is mapped here."""
+ALL_LINEAR = "all-linear"
+
+
+def lora_parameters(lora_cfg, keys: list[str] | None = None) -> dict:
+    """The `lora_parameters` mlx-lm expects: it takes `scale`, so alpha / rank is mapped here.
+    `keys` are the block-relative module names, resolved for the model (`target_keys`)."""
     return {
         "rank": lora_cfg.rank,
         "scale": lora_cfg.alpha / lora_cfg.rank,
         "dropout": lora_cfg.dropout,
-        "keys": list(lora_cfg.target_modules),
+        "keys": list(lora_cfg.target_modules) if keys is None else keys,
     }
+
+
+def target_keys(model, lora_cfg, num_layers: int) -> list[str]:
+    """lora.target_modules for this model: the names given, or for "all-linear" every linear
+    layer of the last `num_layers` blocks (attention, MLP, and a hybrid's convolution or
+    delta-net projections; so the default fits every family)."""
+    if list(lora_cfg.target_modules) != [ALL_LINEAR]:
+        return list(lora_cfg.target_modules)
+    return sorted({name for layer in model.layers[len(model.layers) - num_layers:]
+                   for name, m in layer.named_modules() if isinstance(m, (nn.Linear, nn.QuantizedLinear))})
+
+
+def adapted_keys(model) -> list[str]:
+    """The block-relative names of the modules that carry adapters (what adapter_config.json
+    lists, so that mlx-lm puts them back in the same places)."""
+    return sorted({name for layer in model.layers for name, m in layer.named_modules()
+                   if isinstance(m, _ADAPTER_TYPES)})
 
 
 def add_adapters(model, lora_cfg, use_dora: bool = False) -> int:
     """Freeze the base and add LoRA (or DoRA) layers; returns the number of layers adapted."""
     num_layers = len(model.layers) if lora_cfg.num_layers < 0 else lora_cfg.num_layers
     model.freeze()
-    linear_to_lora_layers(model, num_layers, lora_parameters(lora_cfg), use_dora=use_dora)
+    keys = target_keys(model, lora_cfg, min(num_layers, len(model.layers)))
+    linear_to_lora_layers(model, num_layers, lora_parameters(lora_cfg, keys), use_dora=use_dora)
     found = {name.split(".")[-1] for name, m in model.named_modules() if isinstance(m, _ADAPTER_TYPES)}
-    wanted = {k.split(".")[-1] for k in lora_cfg.target_modules}
+    wanted = {k.split(".")[-1] for k in keys}
     if not found:
         raise ModelError(
             f"lora.target_modules: none of {list(lora_cfg.target_modules)} is a linear layer of this model"

@@ -6,7 +6,8 @@ M is one of, tried in this order:
 - an adapter checkpoint (`adapter_config.json`): the base named by its `config.toml` (loaded
   as the run loaded it: same dtype, same quantization), with the adapters on top;
 - a model folder (`config.json`): a full checkpoint, an exported or a converted folder;
-- a hub id or `builtin:NAME` (a built-in model gets the system prompt it was warm-started with).
+- a hub id, `builtin:NAME` (a built-in model gets the system prompt it was warm-started with) or
+  `shape:NAME` (models/shapes.py).
 `--adapter DIR` adds an adapter folder to a base M. The run's resolved `config.toml`, when the
 checkpoint, the adapter or the exported folder has one, supplies the system prompt.
 """
@@ -42,6 +43,11 @@ class LoadedModel:
     @property
     def system_prompt(self) -> str:
         return self.config.data.system_prompt if self.config is not None else self.trained_system_prompt
+
+    @property
+    def template_kwargs(self) -> dict:
+        """The run's data.chat_template_kwargs, which its prompts were rendered with."""
+        return self.config.data.chat_template_kwargs if self.config is not None else {}
 
 
 def _run_config(folder: Path) -> Config | None:
@@ -118,8 +124,8 @@ def _loading(given: str, folder: Path, load, *args):
 
 
 def _load_named(spec: str, flag: str) -> LoadedModel:
-    """A hub id or builtin:NAME."""
-    path = resolve_model_path(spec)
+    """A hub id, builtin:NAME or shape:NAME."""
+    path = resolve_model_path(spec, flag)
     hub = not Path(path).exists()
     if hub:  # one line at once when the hub cannot be reached
         path = hub_or_cache(path, flag)

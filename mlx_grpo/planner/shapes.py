@@ -1,6 +1,8 @@
 """What the memory planner knows of a model and a run: the model's config.json and the tensors
 listed in its safetensors headers (`ModelShape`, no weight is loaded), and the values of a run
-the memory depends on (`RunShape`). Pure Python: json and struct only.
+the memory depends on (`RunShape`). Pure Python (json and struct), except `config_model_shape`,
+which lists the tensors of a model not yet written (a `shape:NAME`) from mlx-lm's model class for
+its config, built lazily: MLX allocates nothing until an array is evaluated.
 """
 
 from dataclasses import dataclass, field
@@ -102,6 +104,11 @@ def read_config(folder, setting: str = "model.path") -> dict:
         raise PlanError(f"{setting}: cannot read {path} ({e.strerror})") from e
     except (UnicodeDecodeError, ValueError) as e:
         raise PlanError(f"{setting}: {path} is not valid JSON ({' '.join(str(e).split())[:100]})") from e
+    return checked_config(cfg, path, setting)
+
+
+def checked_config(cfg, path, setting: str = "model.path") -> dict:
+    """A config.json's object, its text_config merged in, with the sizes checked (`path` names it)."""
     if not isinstance(cfg, dict):
         raise PlanError(f"{setting}: {path} must hold a JSON object, got {type(cfg).__name__}")
     text = cfg.get("text_config")
@@ -127,6 +134,10 @@ def read_model_shape(folder, setting: str = "model.path") -> ModelShape:
     tensors = {}
     for f in files:
         tensors.update(read_header(f, setting))
+    return _model_shape(cfg, tensors)
+
+
+def _model_shape(cfg: dict, tensors: dict[str, Tensor]) -> ModelShape:
     heads = cfg["num_attention_heads"]
     q = cfg.get("quantization") if isinstance(cfg.get("quantization"), dict) else {}
     return ModelShape(
@@ -135,6 +146,39 @@ def read_model_shape(folder, setting: str = "model.path") -> ModelShape:
         head_dim=cfg.get("head_dim") or cfg["hidden_size"] // heads, vocab=cfg["vocab_size"],
         tensors=tensors, quant_bits=q.get("bits", 0), quant_group=q.get("group_size", 64),
     )
+
+
+def lazy_model(config: dict):
+    """mlx-lm's model for a config.json object, unevaluated (its parameters are shapes only). A
+    head its weights would not have (tie_word_embeddings; Gemma 3 builds one anyway) is dropped.
+    The layers' initialisers draw from MLX's global random stream even unevaluated: it is put
+    back, so that planning mid-run (training.worst_case_first) leaves the run's sampling alone."""
+    import copy
+
+    from mlx_lm.utils import _get_classes  # mlx-lm's own config -> class lookup (mlx-lm is pinned)
+
+    from mlx_grpo.rng import capture_rng, restore_rng
+
+    model_class, args_class = _get_classes(config)
+    rng = capture_rng()
+    try:
+        model = model_class(args_class.from_dict(copy.deepcopy(config)))
+    finally:
+        restore_rng(rng)
+    if config.get("tie_word_embeddings") and "lm_head" in model:
+        model.pop("lm_head")
+    return model
+
+
+def config_model_shape(config: dict, setting: str = "model.path") -> ModelShape:
+    """The ModelShape of a model that has only its config.json so far: its tensors are those of
+    `lazy_model` in the config's dtype (bfloat16 unless it says float32 or float16)."""
+    from mlx.utils import tree_flatten
+
+    cfg = checked_config(config, "config.json", setting)
+    dtype = {"float32": "F32", "float16": "F16"}.get(cfg.get("torch_dtype"), "BF16")
+    tensors = {name: Tensor(dtype, tuple(v.shape)) for name, v in tree_flatten(lazy_model(config).parameters())}
+    return _model_shape(cfg, tensors)
 
 
 def _quantizable(name: str, t: Tensor, group: int) -> bool:
@@ -162,7 +206,8 @@ def _in_features(shape: ModelShape, t: Tensor) -> int:
 
 def trainable_params(shape: ModelShape, run: "RunShape") -> int:
     """Every float parameter (full fine-tune), or the LoRA/DoRA adapters' A and B (and DoRA's
-    magnitudes) on the target modules of the last lora_layers blocks."""
+    magnitudes) on the target modules of the last lora_layers blocks ("all-linear": every
+    matrix of a block, as the loader's target_keys reads it)."""
     if not run.lora:
         return sum(t.size for t in shape.tensors.values())
     adapted = run.lora_layers if 0 <= run.lora_layers <= shape.layers else shape.layers
@@ -174,7 +219,8 @@ def trainable_params(shape: ModelShape, run: "RunShape") -> int:
             continue
         i = parts.index("layers")
         block, module = int(parts[i + 1]), ".".join(parts[i + 2:-1])
-        if block >= first and module in run.lora_targets:
+        targeted = len(t.shape) == 2 if run.lora_targets == ("all-linear",) else module in run.lora_targets
+        if block >= first and targeted:
             out, inp = t.shape[0], _in_features(shape, t)
             total += run.lora_rank * (inp + out) + (out if run.dora else 0)
     return total

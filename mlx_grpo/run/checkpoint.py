@@ -39,13 +39,13 @@ class CheckpointError(TrainingError):
         super().__init__(f"checkpoint: cannot write step {step} to {tmp} ({reason}); {kept}")
 
 
-def adapter_config(cfg, num_layers: int) -> dict:
-    from mlx_grpo.models.load import lora_parameters
+def adapter_config(cfg, num_layers: int, model) -> dict:
+    from mlx_grpo.models.load import adapted_keys, lora_parameters
 
     return {
         "fine_tune_type": getattr(cfg.lora, "method", "lora"),
         "num_layers": num_layers,
-        "lora_parameters": lora_parameters(cfg.lora),
+        "lora_parameters": lora_parameters(cfg.lora, adapted_keys(model)),
         "base_model": loadable_base(cfg.model.path),  # never builtin:NAME, which mlx-lm cannot load
     }
 
@@ -54,11 +54,11 @@ def _write_weights(dst: Path, model, tokenizer, cfg, base_path: str, num_layers:
     if cfg.lora.enabled:
         adapters = dict(tree_flatten(model.trainable_parameters()))
         mx.save_safetensors(str(dst / ADAPTER_WEIGHTS), adapters)
-        (dst / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(cfg, num_layers), indent=2))
+        (dst / ADAPTER_CONFIG).write_text(json.dumps(adapter_config(cfg, num_layers, model), indent=2))
     else:
         model_config = mlx_lm.utils.load_config(Path(base_path))
         mlx_lm.utils.save(dst, base_path, model, tokenizer, model_config, donate_model=False)
-        write_system_prompt(dst, cfg.data.system_prompt)
+        write_system_prompt(dst, cfg.data.system_prompt, cfg.data.chat_template_kwargs)
 
 
 def _metrics_of(output_dir, step: int) -> dict | None:

@@ -23,6 +23,7 @@ The token losses are then reduced by one of `AGGREGATIONS`.
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_grpo.algorithm.chunked import head_logprobs
 from mlx_grpo.algorithm.mismatch import importance_weights, mismatch_metrics
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -30,31 +31,37 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 
 # Architectures whose forward is `head(model.model(x))` with nothing in between, so the
 # vocabulary projection can run on completion positions only (a 150k-token vocabulary
-# over the prompt would otherwise dominate memory).
+# over the prompt would otherwise dominate memory), a chunk of them at a time (algorithm/chunked.py).
 _PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe"}
 
 
-def _completion_logits(model, inputs: mx.array, positions: mx.array) -> mx.array:
-    """Logits at `positions` [N, T] of the right-padded sequences `inputs` [N, L]."""
-    idx = positions[..., None]
-    if getattr(model, "model_type", None) in _PLAIN_HEAD_TYPES:
-        hidden = mx.take_along_axis(model.model(inputs), idx, axis=1)  # (N, T, D)
-        if hasattr(model, "lm_head"):
-            return model.lm_head(hidden)
-        return model.model.embed_tokens.as_linear(hidden)
-    return mx.take_along_axis(model(inputs), idx, axis=1)  # (N, T, V)
+class _TiedHead(nn.Module):
+    """A tied input embedding as the vocabulary projection: its weight, and gradient, are the embedding's."""
+
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def __call__(self, hidden):
+        return self.embedding.as_linear(hidden)
 
 
-def _scaled_logits(model, inputs, positions, temperature: float) -> mx.array:
-    logits = _completion_logits(model, inputs, positions).astype(mx.float32)
-    return logits / temperature if temperature != 1.0 else logits
+def split_head(model):
+    """(body, head, vocab): the transformer without its vocabulary projection, the projection (a
+    module) and its outputs, where the forward is head(body(x)); else (model, None, None): the whole
+    forward, whose outputs are logits already."""
+    if getattr(model, "model_type", None) not in _PLAIN_HEAD_TYPES:
+        return model, None, None
+    embedding = model.model.embed_tokens
+    head = model.lm_head if hasattr(model, "lm_head") else _TiedHead(embedding)
+    return model.model, head, embedding.weight.shape[0]  # quantized weights pack along dim 1, not 0
 
 
-def _gather_logprobs(logits, targets):
-    """(log-probs of targets, logsumexp normaliser), both [N, T]."""
-    lse = mx.logsumexp(logits, axis=-1)
-    picked = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1)
-    return picked - lse, lse
+def _completion_scores(model, inputs, positions, targets, temperature: float, entropies: bool):
+    """head_logprobs of the completion positions [N, T] of the right-padded sequences `inputs` [N, L]."""
+    body, head, vocab = split_head(model)
+    hidden = mx.take_along_axis(body(inputs), positions[..., None], axis=1)  # (N, T, D), or (N, T, V) logits
+    return head_logprobs(hidden, targets, head, vocab, temperature, entropies)
 
 
 def token_logprobs(model, inputs, positions, targets, temperature: float = 1.0) -> mx.array:
@@ -63,7 +70,7 @@ def token_logprobs(model, inputs, positions, targets, temperature: float = 1.0) 
     The target is gathered and the normaliser is a logsumexp: about half the memory
     of a full log_softmax over the vocabulary.
     """
-    return _gather_logprobs(_scaled_logits(model, inputs, positions, temperature), targets)[0]
+    return _completion_scores(model, inputs, positions, targets, temperature, False)[0]
 
 
 def token_logprobs_and_entropies(model, inputs, positions, targets, temperature: float = 1.0):
@@ -71,19 +78,9 @@ def token_logprobs_and_entropies(model, inputs, positions, targets, temperature:
 
     Entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of the temperature-scaled logits z,
     [N, T] each. It is a constant (stop_gradient): TRL computes it without gradient too,
-    and it only feeds a metric and the top-entropy mask. The softmax is a transient
-    [N, T, V] array, never kept for the backward pass.
+    and it only feeds a metric and the top-entropy mask.
     """
-    return logprobs_and_entropies(_scaled_logits(model, inputs, positions, temperature), targets)
-
-
-def logprobs_and_entropies(logits, targets):
-    """(log-probs of targets, entropies) of scaled logits [N, T, V], both [N, T]."""
-    logp, lse = _gather_logprobs(logits, targets)
-    z, norm = mx.stop_gradient(logits), mx.stop_gradient(lse)
-    probs = mx.exp(z - norm[..., None])  # (N, T, V)
-    entropies = norm - (probs * z).sum(-1)
-    return logp, entropies
+    return _completion_scores(model, inputs, positions, targets, temperature, True)
 
 
 def pack_sequences(prompts, completions, pad_to: int = 1):

@@ -29,34 +29,27 @@ def chunk_length(rows: int, positions: int, vocab: int, budget: int | None = Non
     return max(1, min(positions, budget // max(rows * vocab, 1)))
 
 
-def scores(logits, targets, temperature: float, entropies: bool) -> tuple:
-    """(log-probs of targets,) or (log-probs, entropies), [n, t] each, of logits [n, t, V]."""
+def _scaled(logits, temperature: float):
     z = logits.astype(mx.float32)
-    z = z / temperature if temperature != 1.0 else z
+    return z / temperature if temperature != 1.0 else z
+
+
+def _normalised(z, targets, entropies: bool) -> tuple:
+    """(log-probs of targets, logsumexp[, entropies]) of scaled logits z [n, t, V], [n, t] each."""
     lse = mx.logsumexp(z, axis=-1)
     logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
     if not entropies:
-        return (logp,)
+        return logp, lse
     # The softmax here is a transient [n, t, V] array, never kept for the backward pass.
     zc, norm = mx.stop_gradient(z), mx.stop_gradient(lse)
     probs = mx.exp(zc - norm[..., None])
-    return logp, norm - (probs * zc).sum(-1)
+    return logp, lse, norm - (probs * zc).sum(-1)
 
 
-def _chunk_scores(head, names: list, temperature: float, entropies: bool):
-    """(leaves, hidden, targets) -> `scores` of one chunk, the head's trainable parameters given
-    as the array leaves `leaves` (named `names`), so that a gradient can be taken with respect to them."""
-
-    def run(leaves, hidden, targets):
-        if head is None:
-            return scores(hidden, targets, temperature, entropies)
-        kept = head.trainable_parameters()
-        head.update(tree_unflatten(list(zip(names, leaves))))
-        out = scores(head(hidden), targets, temperature, entropies)
-        head.update(kept)  # the arrays a gradient trace passes in are not left in the model
-        return out
-
-    return run
+def scores(logits, targets, temperature: float, entropies: bool) -> tuple:
+    """(log-probs of targets,) or (log-probs, entropies), [n, t] each, of logits [n, t, V]."""
+    logp, _, *entropy = _normalised(_scaled(logits, temperature), targets, entropies)
+    return (logp, *entropy)
 
 
 def _after(array, previous: list):
@@ -66,34 +59,49 @@ def _after(array, previous: list):
 
 
 def _chunked(head, temperature: float, entropies: bool, step: int):
-    """(hidden, targets, *head parameter leaves) -> scores, a chunk of `step` positions at a time
-    in order, forward and backward; the backward recomputes each chunk's logits."""
+    """(hidden, targets, *head parameter leaves) -> (log-probs, logsumexp[, entropies]), a chunk of
+    `step` positions at a time in order, forward and backward."""
     names = [k for k, _ in tree_flatten(head.trainable_parameters())] if head is not None else []
-    run = _chunk_scores(head, names, temperature, entropies)
+
+    def logits(leaves, hidden):
+        """One chunk's scaled float32 logits, the head's trainable parameters given as `leaves`."""
+        if head is None:
+            return _scaled(hidden, temperature)
+        kept = head.trainable_parameters()
+        head.update(tree_unflatten(list(zip(names, leaves))))
+        z = head(hidden)
+        head.update(kept)  # the arrays a gradient trace passes in are not left in the model
+        return _scaled(z, temperature)
 
     @mx.custom_function
     def chunked(hidden, targets, *leaves):
         parts, previous = [], []
         for s in range(0, targets.shape[1], step):
-            parts.append(run(leaves, _after(hidden[:, s:s + step], previous), targets[:, s:s + step]))
+            z = logits(leaves, _after(hidden[:, s:s + step], previous))
+            parts.append(_normalised(z, targets[:, s:s + step], entropies))
             previous = list(parts[-1])
         return tuple(mx.concatenate(column, axis=1) for column in zip(*parts))
 
     @chunked.vjp
     def chunked_vjp(primals, cotangents, outputs):
+        # d logp[t] / d z[t] = onehot(target) - softmax(z[t]), the softmax from the forward's
+        # logsumexp: a chunk's logits are computed once more, and nothing else of its forward.
         hidden, targets, *leaves = primals
-        d_hidden, d_leaves = [], None
+        lse, d_hidden, d_leaves = outputs[1], [], None
         for s in range(0, targets.shape[1], step):
             h = _after(hidden[:, s:s + step], d_hidden[-1:] + (d_leaves or []))
-            t = targets[:, s:s + step]
-            _, (dh, *dp) = mx.vjp(lambda h, *p: [run(p, h, t)[0]], [h, *leaves], [cotangents[0][:, s:s + step]])
+            z = logits(leaves, h)
+            onehot = mx.arange(z.shape[-1]) == targets[:, s:s + step, None]
+            dz = (onehot - mx.exp(z - lse[:, s:s + step, None])) * cotangents[0][:, s:s + step, None]
+            _, (dh, *dp) = mx.vjp(lambda h, *p: [logits(p, h)], [h, *leaves], [dz])
             d_hidden.append(dh)
             d_leaves = dp if d_leaves is None else [a + b for a, b in zip(d_leaves, dp)]
         return (mx.concatenate(d_hidden, axis=1), mx.zeros_like(targets), *(d_leaves or []))
 
     def call(hidden, targets):
         leaves = [v for _, v in tree_flatten(head.trainable_parameters())] if head is not None else []
-        return chunked(hidden, targets, *leaves)
+        logp, _, *entropy = chunked(hidden, targets, *leaves)
+        return (logp, *entropy)
 
     return call
 

@@ -3,11 +3,13 @@ numbers and gradients as one chunk, on both scoring paths, and an update's peak 
 longer grows with rows x tokens x vocabulary."""
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from mlx.utils import tree_flatten
 
 from mlx_grpo.algorithm import chunked
+from mlx_grpo.algorithm import loss as loss_module
 from mlx_grpo.algorithm.prefix import batch_logprobs_and_entropies
 from mlx_grpo.config import load_config
 from mlx_grpo.models.load import add_adapters
@@ -54,9 +56,11 @@ def test_chunk_length_follows_the_budget():
 
 
 @pytest.mark.parametrize("shared", ["true", "false"])
-@pytest.mark.parametrize("tied", [True, False])
-def test_chunked_logprobs_and_entropies_equal_one_chunk(monkeypatch, fixed_rollout, shared, tied):
-    model = _qwen2(4096, tied)
+@pytest.mark.parametrize("head", ["tied", "lm_head", "quantized"])
+def test_chunked_logprobs_and_entropies_equal_one_chunk(monkeypatch, fixed_rollout, shared, head):
+    model = _qwen2(4096, tied=head != "lm_head")
+    if head == "quantized":  # QLoRA's base: the tied head is a QuantizedEmbedding's as_linear
+        nn.quantize(model, group_size=32, bits=4)
     batch = prepare_batches(model, None, *fixed_rollout, _cfg(shared, "grpo.beta=0"))[0]
     _budget(monkeypatch, None)
     whole = batch_logprobs_and_entropies(model, batch, 0.7)
@@ -73,10 +77,14 @@ def _grads(model, batch, cfg, compiled):
 
 
 @pytest.mark.parametrize(("shared", "compiled"), [("true", False), ("false", False), ("false", True)])
-@pytest.mark.parametrize("extra", [[], ["grpo.top_entropy_quantile=0.5"], ["lora.enabled=true"]])
+@pytest.mark.parametrize("extra", [[], ["grpo.top_entropy_quantile=0.5"], ["lora.enabled=true"], ["whole forward"]])
 def test_chunked_gradients_equal_one_chunk(monkeypatch, fixed_rollout, shared, compiled, extra):
     """Full fine-tune (the tied head's gradient comes through the chunks) or LoRA (no head
-    gradient), with the entropies' top-quantile mask or without; both scoring paths."""
+    gradient), with the entropies' top-quantile mask or without, or a family scored from its whole
+    forward's logits (no head to chunk: its logits' gradient comes through); both scoring paths."""
+    if extra == ["whole forward"]:
+        monkeypatch.setattr(loss_module, "_PLAIN_HEAD_TYPES", set())
+        extra = []
     cfg = _cfg(shared, *extra)
     model = _qwen2(4096)
     if cfg.lora.enabled:

@@ -121,7 +121,7 @@ def test_an_updates_peak_no_longer_grows_with_tokens_times_vocabulary(monkeypatc
     # 2 rows at a 65,536-token vocabulary, T = 32 then 64 completion tokens (full fine-tune, tied
     # head). One float32 copy of the 32 added positions' logits is 2 x 32 x 65536 x 4 B = 16 MiB.
     # In one chunk the update keeps three more (measured 48 MiB more; 4 rows, T = 32 -> 128: 290
-    # MiB); in chunks of 4 positions it holds one chunk's whatever T (measured 0.35 MiB more; 4
+    # MiB); in chunks of 4 positions it holds a few chunks' whatever T (measured 0.35 MiB more; 4
     # rows, T = 32 -> 128, both paths, compiled or not, LoRA or full: 3-15 MiB).
     cfg = _cfg("false", "generation.num_generations=2", "training.prompts_per_step=1",
                "generation.max_new_tokens=64", "grpo.beta=0")

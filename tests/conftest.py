@@ -20,6 +20,24 @@ def random_qwen2():
     return model
 
 
+@pytest.fixture
+def fixed_rollout():
+    """(rollout, rewards): 2 prompts x G=3 fixed completions of ids < 64, so repeated updates see
+    the same tokens whatever the weights (drive `update.step.optimize` with it)."""
+    import numpy as np
+
+    from mlx_grpo.rollout.sample import Rollout
+
+    rng = np.random.default_rng(0)
+    prompts = [rng.integers(1, 64, 5).tolist(), rng.integers(1, 64, 9).tolist()]
+    rollout = Rollout(
+        prompt_tokens=[prompts[i // 3] for i in range(6)],
+        completion_tokens=[rng.integers(1, 64, n).tolist() for n in (3, 7, 12, 1, 5, 9)],
+        texts=[""] * 6, truncated=[False] * 6, group_size=3,
+    )
+    return rollout, [1.0, 0.0, 0.5, 0.0, 1.0, 1.0]
+
+
 @pytest.fixture(scope="session")
 def tiny_path():
     """The built-in warm-started tiny model, as shipped in the package."""

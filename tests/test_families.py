@@ -12,7 +12,7 @@ import mlx_lm
 import pytest
 from mlx.utils import tree_flatten
 
-from mlx_grpo.algorithm.loss import body_and_head, completion_logprobs
+from mlx_grpo.algorithm.loss import completion_logprobs, split_head
 from mlx_grpo.commands.chat import ChatSession
 from mlx_grpo.commands.generate import generate_answer
 from mlx_grpo.commands.setup import prefix_sharing
@@ -159,7 +159,8 @@ def test_every_family_scores_completions_through_its_head_alone(shrunk, name):
     """The vocabulary projection runs on completion positions only (a 150k-262k vocabulary over
     the prompt would dominate memory), and that equals the whole model's logits."""
     model, _, _ = load_base(ModelConfig(path=shrunk[name], dtype="float32"))
-    body, head = body_and_head(model)
+    body, head, _ = split_head(model)
+    assert head is not None
     x = mx.array([[5, 9, 200, 7, 31]])
     assert mx.allclose(head(body(x)), model(x), atol=1e-5).item()
 

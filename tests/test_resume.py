@@ -152,6 +152,26 @@ def test_the_unmoved_tensor_check_of_a_resumed_run_is_the_uninterrupted_runs(tmp
     assert _metrics(out) == _metrics(tmp_path / "ref")
 
 
+def test_a_bfloat16_full_fine_tune_resumes_bitwise_with_its_master_weights(tmp_path, signal_at_step):
+    """The bf16 weights, the float32 master copy and the moments all continue exactly."""
+    steps, bf16 = 3, ["model.dtype=bfloat16", "checkpoint.save_every=10"]
+    train(load_config(SMOKE, _sets(tmp_path / "ref", steps, *bf16)[1::2]))
+    out = tmp_path / "stopped"
+    signal_at_step(signal.SIGINT, at=2)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *bf16)]) == 130
+    signal_at_step(signal.SIGINT, at=0)
+    assert cli.main(["train", "--config", SMOKE, *_sets(out, steps, *bf16), "--resume"]) == 0
+    final = f"checkpoints/step_{steps:06d}"
+    weights = _weights(out / final, "model.safetensors")
+    state = _weights(out / final, "optimizer.safetensors")
+    assert weights["model.norm.weight"].dtype == mx.bfloat16  # mlx-lm loads it as before
+    masters = [k for k in state if k.endswith(".master")]
+    assert len(masters) == len(weights) and all(state[k].dtype == mx.float32 for k in masters)
+    _assert_bitwise(_weights(tmp_path / "ref" / final, "model.safetensors"), weights)
+    _assert_bitwise(_weights(tmp_path / "ref" / final, "optimizer.safetensors"), state)
+    assert _metrics(out) == _metrics(tmp_path / "ref")
+
+
 def test_sigterm_stops_with_143_and_a_checkpoint(tmp_path, signal_at_step, capsys, monkeypatch):
     from mlx_grpo.run import stopping
 

@@ -23,6 +23,7 @@ The token losses are then reduced by one of `AGGREGATIONS`.
 import mlx.core as mx
 import mlx.nn as nn
 
+from mlx_grpo.algorithm.chunked import head_logprobs
 from mlx_grpo.algorithm.mismatch import importance_weights, mismatch_metrics
 
 LOSS_TYPES = ("grpo", "bnpo", "dr_grpo", "dapo")
@@ -31,40 +32,42 @@ IMPORTANCE_SAMPLING_LEVELS = ("token", "sequence")
 # Architectures whose forward is `head(body(x))` with nothing in between (no logit scaling or
 # softcapping; Gemma 3's embedding scale is inside the body), so the vocabulary projection can
 # run on completion positions only (a 150k-262k-token vocabulary over the prompt would otherwise
-# dominate memory). The head is `lm_head`, or the tied embedding where the model has none.
+# dominate memory), a chunk of them at a time (algorithm/chunked.py). The head is `lm_head`, or
+# the tied embedding where the model has none.
 _PLAIN_HEAD_TYPES = {"qwen2", "qwen3", "llama", "mistral", "qwen2_moe", "qwen3_moe", "gemma3_text", "lfm2"}
 # The same, with the language model one level down (vision-language classes mlx-lm loads as text).
 _WRAPPED_HEAD_TYPES = {"qwen3_5"}
 
 
-def body_and_head(model):
-    """(body, head) of a model whose logits are head(body(x)), or None for other architectures."""
+class _TiedHead(nn.Module):
+    """A tied input embedding as the vocabulary projection: its weight, and gradient, are the embedding's."""
+
+    def __init__(self, embedding):
+        super().__init__()
+        self.embedding = embedding
+
+    def __call__(self, hidden):
+        return self.embedding.as_linear(hidden)
+
+
+def split_head(model):
+    """(body, head, vocab): the transformer without its vocabulary projection, the projection (a
+    module) and its outputs, where the forward is head(body(x)); else (model, None, None): the whole
+    forward, whose outputs are logits already."""
     kind = getattr(model, "model_type", None)
     if kind not in _PLAIN_HEAD_TYPES | _WRAPPED_HEAD_TYPES:
-        return None
+        return model, None, None
     top = model.language_model if kind in _WRAPPED_HEAD_TYPES else model
-    return top.model, (top.lm_head if "lm_head" in top else top.model.embed_tokens.as_linear)
+    embedding = top.model.embed_tokens
+    head = top.lm_head if "lm_head" in top else _TiedHead(embedding)
+    return top.model, head, embedding.weight.shape[0]  # quantized weights pack along dim 1, not 0
 
 
-def _completion_logits(model, inputs: mx.array, positions: mx.array) -> mx.array:
-    """Logits at `positions` [N, T] of the right-padded sequences `inputs` [N, L]."""
-    idx = positions[..., None]
-    if (split := body_and_head(model)) is not None:
-        body, head = split
-        return head(mx.take_along_axis(body(inputs), idx, axis=1))  # (N, T, D) -> (N, T, V)
-    return mx.take_along_axis(model(inputs), idx, axis=1)  # (N, T, V)
-
-
-def _scaled_logits(model, inputs, positions, temperature: float) -> mx.array:
-    logits = _completion_logits(model, inputs, positions).astype(mx.float32)
-    return logits / temperature if temperature != 1.0 else logits
-
-
-def _gather_logprobs(logits, targets):
-    """(log-probs of targets, logsumexp normaliser), both [N, T]."""
-    lse = mx.logsumexp(logits, axis=-1)
-    picked = mx.take_along_axis(logits, targets[..., None], axis=-1).squeeze(-1)
-    return picked - lse, lse
+def _completion_scores(model, inputs, positions, targets, temperature: float, entropies: bool):
+    """head_logprobs of the completion positions [N, T] of the right-padded sequences `inputs` [N, L]."""
+    body, head, vocab = split_head(model)
+    hidden = mx.take_along_axis(body(inputs), positions[..., None], axis=1)  # (N, T, D), or (N, T, V) logits
+    return head_logprobs(hidden, targets, head, vocab, temperature, entropies)
 
 
 def token_logprobs(model, inputs, positions, targets, temperature: float = 1.0) -> mx.array:
@@ -73,7 +76,7 @@ def token_logprobs(model, inputs, positions, targets, temperature: float = 1.0) 
     The target is gathered and the normaliser is a logsumexp: about half the memory
     of a full log_softmax over the vocabulary.
     """
-    return _gather_logprobs(_scaled_logits(model, inputs, positions, temperature), targets)[0]
+    return _completion_scores(model, inputs, positions, targets, temperature, False)[0]
 
 
 def token_logprobs_and_entropies(model, inputs, positions, targets, temperature: float = 1.0):
@@ -81,19 +84,9 @@ def token_logprobs_and_entropies(model, inputs, positions, targets, temperature:
 
     Entropy H = logsumexp(z) - sum_v softmax(z)_v z_v of the temperature-scaled logits z,
     [N, T] each. It is a constant (stop_gradient): TRL computes it without gradient too,
-    and it only feeds a metric and the top-entropy mask. The softmax is a transient
-    [N, T, V] array, never kept for the backward pass.
+    and it only feeds a metric and the top-entropy mask.
     """
-    return logprobs_and_entropies(_scaled_logits(model, inputs, positions, temperature), targets)
-
-
-def logprobs_and_entropies(logits, targets):
-    """(log-probs of targets, entropies) of scaled logits [N, T, V], both [N, T]."""
-    logp, lse = _gather_logprobs(logits, targets)
-    z, norm = mx.stop_gradient(logits), mx.stop_gradient(lse)
-    probs = mx.exp(z - norm[..., None])  # (N, T, V)
-    entropies = norm - (probs * z).sum(-1)
-    return logp, entropies
+    return _completion_scores(model, inputs, positions, targets, temperature, True)
 
 
 def pack_sequences(prompts, completions, pad_to: int = 1):

@@ -11,9 +11,8 @@ log-probs equal those of the padded full sequences (`pack_sequences`) to float p
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
-from mlx_grpo.algorithm.loss import (
-    _gather_logprobs, body_and_head, logprobs_and_entropies, token_logprobs, token_logprobs_and_entropies,
-)
+from mlx_grpo.algorithm.chunked import head_logprobs
+from mlx_grpo.algorithm.loss import split_head, token_logprobs, token_logprobs_and_entropies
 
 
 class PrefixCache:
@@ -59,41 +58,39 @@ def unshared_cache_kinds(model) -> list[str]:
     return sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
 
 
-def group_logits(model, prompt: mx.array, inputs: mx.array) -> mx.array:
-    """Logits (G, T, V) of one group: prompt (P,) run once, inputs (G, T) on top of it."""
-    n_layers = len(model.layers)
-    cache = [PrefixCache() for _ in range(n_layers)]
-    split = body_and_head(model)
-    body, head = split if split is not None else (model, lambda logits: logits)  # the whole model: logits
+def group_hidden(model, body, prompt: mx.array, inputs: mx.array) -> mx.array:
+    """Final hidden states (G, T, D) of one group: prompt (P,) run once, inputs (G, T) on top of
+    it; logits (G, T, V) where `body` is the whole model (`split_head`)."""
+    cache = [PrefixCache() for _ in range(len(model.layers))]
     if prompt.shape[0] > 1:
         body(prompt[None, :-1], cache=cache)  # (1, P-1): keys/values only, no head
         for c in cache:  # a broadcast view: the concatenation with the completions' keys is the one copy
             c.keys, c.values = (mx.broadcast_to(a, (inputs.shape[0], *a.shape[1:])) for a in (c.keys, c.values))
-    return head(body(inputs, cache=cache))
+    return body(inputs, cache=cache)
 
 
-def grouped_logits(model, batch, temperature: float) -> mx.array:
-    """Temperature-scaled logits (N, T, V) of a shared-prefix micro-batch, its groups in order."""
+def _grouped_scores(model, batch, temperature: float, entropies: bool):
+    """head_logprobs of a shared-prefix micro-batch, its groups in order, (N, T) each."""
+    body, head, vocab = split_head(model)
     parts, row = [], 0
     for prompt, count in zip(batch.prompts, batch.group_rows):
-        parts.append(group_logits(model, prompt, batch.inputs[row:row + count]))
+        parts.append(group_hidden(model, body, prompt, batch.inputs[row:row + count]))
         row += count
-    logits = (parts[0] if len(parts) == 1 else mx.concatenate(parts, axis=0)).astype(mx.float32)
-    return logits / temperature if temperature != 1.0 else logits
+    return head_logprobs(parts, batch.targets, head, vocab, temperature, entropies)  # parts: (G, T, D) each
 
 
 def grouped_token_logprobs(model, batch, temperature: float = 1.0) -> mx.array:
     """log softmax(logits / temperature)[target] of each completion token, (N, T)."""
-    return _gather_logprobs(grouped_logits(model, batch, temperature), batch.targets)[0]
+    return _grouped_scores(model, batch, temperature, False)[0]
 
 
 def grouped_token_logprobs_and_entropies(model, batch, temperature: float = 1.0):
     """`grouped_token_logprobs` and each position's entropy (a constant), (N, T) each."""
-    return logprobs_and_entropies(grouped_logits(model, batch, temperature), batch.targets)
+    return _grouped_scores(model, batch, temperature, True)
 
 
 def pack_groups(prompts, completions, pad_to: int = 1):
-    """The completions of consecutive rows sharing a prompt, for `grouped_logits`.
+    """The completions of consecutive rows sharing a prompt, for `grouped_token_logprobs`.
 
     Returns (prompts: one (P,) array per run of equal prompts, group_rows: rows of each run,
     inputs [N, T], targets [N, T], mask [N, T]); inputs[i] = [p[-1]] + c[:-1], right-padded

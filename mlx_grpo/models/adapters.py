@@ -38,7 +38,8 @@ def load_adapter_weights(model, folder: str, key: str = "lora.resume_adapter") -
                 f"{key}: {path}: {name} has shape {tuple(value.shape)}, the model's adapter "
                 f"{tuple(expected[name].shape)}: check lora.rank"
             )
-    model.load_weights(list(saved.items()), strict=False)
+    # In the adapters' own dtype (float32): a file saved in bfloat16 must not make them train in it.
+    model.load_weights([(name, value.astype(expected[name].dtype)) for name, value in saved.items()], strict=False)
     mx.eval(model.parameters())
     return len(saved)
 

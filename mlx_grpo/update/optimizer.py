@@ -1,4 +1,5 @@
-"""The optimizer: bias-corrected AdamW under transformers' learning-rate schedules."""
+"""The optimizer: bias-corrected AdamW under transformers' learning-rate schedules, with float32
+master weights for parameters held in a 2-byte float (a bfloat16 or float16 full fine-tune)."""
 
 import math
 
@@ -33,10 +34,40 @@ def make_lr_schedule(tcfg, total_updates: int):
     return schedule
 
 
+# bfloat16 keeps 8 bits of mantissa: an update below 2^-9 of a weight rounds away. builtin:tiny in
+# bf16 at lr 1e-6, AdamW on the bf16 weights: the first update changed 1.16% of the elements and
+# the next 9 none more; through a float32 master, 9.1% had changed after 10 (float32 weights, 16.8%).
+# So such parameters are updated in a float32 copy, as TRL's mixed precision keeps its weights.
+TWO_BYTE_FLOATS = (mx.bfloat16, mx.float16)
+
+
+class MasterAdamW(optim.AdamW):
+    """mlx's AdamW; a parameter held in a 2-byte float gets a float32 master copy (state "master",
+    saved with the rest of the state) and float32 moments. Each update casts the gradient to
+    float32, updates the master and hands the model master.astype(its dtype): the model computes
+    in its own dtype and no update is lost to its rounding. Other parameters (float32 ones, LoRA
+    adapters) are updated exactly as by optim.AdamW: no copy, the same bits."""
+
+    def init_single(self, parameter: mx.array, state: dict):
+        super().init_single(parameter, state)
+        if parameter.dtype in TWO_BYTE_FLOATS:  # `parameter` may be the gradient (Optimizer.init)
+            state["m"], state["v"] = (a.astype(mx.float32) for a in (state["m"], state["v"]))
+
+    def apply_single(self, gradient: mx.array, parameter: mx.array, state: dict):
+        if parameter.dtype not in TWO_BYTE_FLOATS:
+            return super().apply_single(gradient, parameter, state)
+        # Made at the first update from the weights as they are then (after any resume or sync).
+        master = state["master"] if "master" in state else parameter.astype(mx.float32)
+        master = super().apply_single(gradient.astype(mx.float32), master, state)
+        state["master"] = master
+        return master.astype(parameter.dtype)
+
+
 def make_optimizer(tcfg, total_updates: int):
     """AdamW with bias correction, as PyTorch's (and TRL's): MLX's default leaves it off, which
-    makes the first updates 1.85-2.1x larger at the same learning rate."""
-    return optim.AdamW(
+    makes the first updates 1.85-2.1x larger at the same learning rate. 2-byte float parameters
+    train through float32 master weights (MasterAdamW)."""
+    return MasterAdamW(
         learning_rate=make_lr_schedule(tcfg, total_updates), betas=list(tcfg.adam_betas),
         weight_decay=tcfg.weight_decay, bias_correction=True,
     )

@@ -63,11 +63,20 @@ OPTIMIZER_STEP = 2.36
 # copying the per-prompt caches, and the decode step's logits come on top.
 ROLLOUT_FACTOR = 2.08
 KV_STEP = 256
-# Completion logits held at the update's peak, in float32 [rows, T, vocab] arrays: 3 (the logits,
+# Completion logits held at the update's peak while they fit one chunk (algorithm/chunked.py: a
+# chunk holds LOGITS_BUDGET logit elements), in float32 [rows, T, vocab] arrays: 3 (the logits,
 # their gradient, the entropy's softmax, as the code reads), and measured 3.00 by
-# `scripts/measure_memory.py logits` (the peak's growth from a 8,192- to a 65,536-token vocabulary,
-# 8 rows x 96 and 4 x 192 completion tokens, a 2 x 64 random qwen2). On the built-ins' 322-token vocabulary
-# they are under 3% of the update and inside ACT_HIDDEN.
+# `scripts/measure_memory.py logits` before chunking (the peak's growth from a 8,192- to a
+# 65,536-token vocabulary, 8 rows x 96 and 4 x 192 completion tokens, a 2 x 64 random qwen2). On
+# the built-ins' 322-token vocabulary they are under 3% of the update and inside ACT_HIDDEN.
 LOGIT_COPIES = 3
+# Past one chunk, the update holds about CHUNK_COPIES chunk-sized float32 arrays at its peak
+# whatever the rows and tokens (MLX's CPU backend allocates the next ~10 operations' outputs before
+# they run): measured 11.0 on the padded path and 8.0 with shared prefixes, 4-32 positions of 8
+# rows x 65,536 (scripts/logits_peak.py). A trainable head (a full fine-tune) also accumulates its
+# gradient over the chunks: HEAD_GRAD_COPIES float32 [vocab, hidden] arrays, measured 2.7.
+LOGITS_BUDGET = 1 << 24  # as algorithm/chunked.py
+CHUNK_COPIES = {False: 11.0, True: 8.0}  # by training.shared_prefix
+HEAD_GRAD_COPIES = 2.7
 PAD_TO = 32  # update/batches.py pads sequences to a multiple of 32
 GB = 1e9

@@ -80,14 +80,25 @@ def _judges(run: RunShape) -> tuple[float, float]:
     return weights, kv
 
 
+def _logits(shape: ModelShape, run: RunShape, rows: int, T: int) -> float:
+    """The completion logits an update holds (algorithm/chunked.py): all of them in one chunk, or
+    about CHUNK_COPIES chunks past that, plus a trainable head's gradient accumulated over them."""
+    positions = max(1, min(T, C.LOGITS_BUDGET // max(rows * shape.vocab, 1)))
+    if positions >= T:
+        return rows * T * shape.vocab * 4 * C.LOGIT_COPIES
+    head_grad = 0.0 if run.lora else C.HEAD_GRAD_COPIES * shape.vocab * shape.hidden * 4
+    return C.CHUNK_COPIES[run.shared_prefix] * rows * positions * shape.vocab * 4 + head_grad
+
+
 def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     """Bytes of each phase, and `peak`: what stays (weights, adapters, AdamW state, reference, a
     judge's weights) plus the largest of the rollout, the update and a judge's answering."""
     b = run.dtype_bytes
     weights = weight_bytes(shape, b, run.quantize_bits, run.quantize_group)
     trainable = trainable_params(shape, run)
-    adapters = trainable * b if run.lora else 0.0
-    optimizer = 2 * trainable * b  # AdamW's two moments, in the parameters' dtype
+    adapters = trainable * 4 if run.lora else 0.0  # adapters are float32 whatever the base's dtype
+    # AdamW's moments are float32; a 2-byte full fine-tune adds a float32 master copy (update/optimizer.py)
+    optimizer = trainable * (12 if b == 2 and not run.lora else 8)
     reference = weights if run.beta > 0 and not run.lora else 0.0
     # generation.quantize_bits: the quantized copy (rollout/quantized.py, group size 64) is held
     # from one update to the next; the formula, not a measurement
@@ -106,7 +117,7 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     else:
         micro = _plain_update(shape, run, rows, groups) * (C.LORA_PLAIN if run.lora else 1.0) * half
     activations = max(micro, C.OPTIMIZER_STEP * trainable * b)
-    logits = rows * T * shape.vocab * 4 * C.LOGIT_COPIES
+    logits = _logits(shape, run, rows, T)
     phases = {
         "weights": weights, "adapters": adapters, "optimizer state": optimizer, "reference": reference,
         "rollout copy": copy, "rollout KV cache": kv * C.ROLLOUT_FACTOR, "update activations": activations, "logits": logits,

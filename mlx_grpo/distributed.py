@@ -70,6 +70,15 @@ class World:
         out = mx.distributed.all_gather(table, group=self.group, stream=mx.cpu)  # (W rows, C)
         return dict(zip(columns, np.array(out).T.tolist()))
 
+    def gather_ids(self, ids: list[int]) -> list[list[int]]:
+        """Each rank's list of integer ids (every rank's of one length), rank 0's first. Sent as
+        two float32 columns of 20 bits each, so ids below 2**40 arrive exactly."""
+        if self.size == 1:
+            return [list(ids)]
+        cols = self.gather({"hi": [i >> 20 for i in ids], "lo": [i & 0xFFFFF for i in ids]})
+        flat = [int(hi) << 20 | int(lo) for hi, lo in zip(cols["hi"], cols["lo"])]
+        return [flat[r * len(ids):(r + 1) * len(ids)] for r in range(self.size)]
+
     def average_gradients(self, grads):
         """The mean of every rank's gradients (mlx's bucketed all-reduce)."""
         if self.size == 1:

@@ -90,6 +90,20 @@ def test_single_process_world_is_identity():
     assert world.gather({"a": [1.0, 2.0]}) == {"a": [1.0, 2.0]}
 
 
+class _TwoRanksAlike(World):
+    """World(0, 2) whose gather returns rank 0's columns followed by a second rank's copy + 1."""
+
+    def gather(self, columns):
+        return {k: list(v) + [x + 1.0 for x in v] for k, v in columns.items()}
+
+
+def test_gather_ids_are_exact_past_float32s_24_bits():
+    ids = [0, 7, 2**24 + 1, 2**39 + 12345]  # float32 alone holds integers exactly only below 2**24
+    # each id split as hi = id >> 20, lo = id & (2**20 - 1); the copy adds 1 to both: id + 2**20 + 1
+    assert _TwoRanksAlike(0, 2).gather_ids(ids) == [ids, [i + 2**20 + 1 for i in ids]]
+    assert SINGLE.gather_ids(ids) == [ids]
+
+
 def test_rank_without_a_group_refuses_to_train_alone(monkeypatch):
     init_world()  # the single-process group, created once per process
     monkeypatch.setenv("MLX_RANK", "1")

@@ -34,6 +34,7 @@ class Example:
     prompt: str  # the chat-rendered prompt text
     prompt_tokens: list[int]
     answer: str | None
+    id: int  # the row's index in its split: what a step's metrics row records of the prompts drawn
 
 
 def load_rows(dataset: str | dict[str, str], subset: str = "", split: str = "train", seed: int = 0,
@@ -228,7 +229,7 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
         if len(tokens) > cfg.max_prompt_tokens:
             skipped += 1
             continue
-        examples.append(Example(question, text, tokens, answer))
+        examples.append(Example(question, text, tokens, answer, i))
     return examples, skipped
 
 

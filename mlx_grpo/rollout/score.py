@@ -5,7 +5,7 @@ added to the rewards when it is on. `ScoredRollout` is what every later stage ta
 dynamic sampling's group filtering, the update and the step's metrics.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -39,12 +39,14 @@ class SamplingSettings:
 
 @dataclass
 class ScoredRollout:
-    """A rollout with its rewards (totals and per reward name) and the prompt of each row."""
+    """A rollout with its rewards (totals and per reward name), the prompt of each row and the
+    id (Example.id) of each group's prompt."""
 
     rollout: Rollout
     rewards: list[float]
     per_name: dict[str, list[float]]
     questions: list[str]
+    prompt_ids: list[int] = field(default_factory=list)
 
     @property
     def num_groups(self) -> int:
@@ -61,6 +63,7 @@ def take_groups(batch: ScoredRollout, groups: list[int]) -> ScoredRollout:
     return ScoredRollout(
         Rollout(pick(r.prompt_tokens), pick(r.completion_tokens), pick(r.texts), pick(r.truncated), G, kept),
         pick(batch.rewards), {k: pick(v) for k, v in batch.per_name.items()}, pick(batch.questions),
+        [batch.prompt_ids[g] for g in groups] if batch.prompt_ids else [],
     )
 
 
@@ -76,7 +79,7 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
             cat(lambda b: b.rollout.sampling_logprobs) if kept else None,
         ),
         cat(lambda b: b.rewards), {k: cat(lambda b: b.per_name[k]) for k in first.per_name},
-        cat(lambda b: b.questions),
+        cat(lambda b: b.questions), cat(lambda b: b.prompt_ids),
     )
 
 
@@ -104,7 +107,7 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: Samplin
         penalty = overlong_penalty(lengths, s.max_new_tokens, s.overlong_buffer, s.overlong_penalty)
         rewards = [r + p for r, p in zip(rewards, penalty)]
         per_name = {**per_name, "overlong_penalty": penalty}
-    return ScoredRollout(rollout, rewards, per_name, questions)
+    return ScoredRollout(rollout, rewards, per_name, questions, [e.id for e in examples])
 
 
 def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> dict:

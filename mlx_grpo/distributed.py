@@ -23,10 +23,10 @@ import re
 import socket
 
 import mlx.core as mx
-from mlx.nn.utils import average_gradients
 from mlx.utils import tree_flatten, tree_map
 import numpy as np
 
+from mlx_grpo.allreduce import DTYPES, mean_over_ranks
 from mlx_grpo.deadline import INIT_S, Watch, init_deadline
 from mlx_grpo.errors import TrainingError
 
@@ -43,6 +43,7 @@ class World:
     size: int = 1
     group: mx.distributed.Group | None = None
     watch: Watch | None = None  # the collectives' deadline (deadline.py)
+    comm: mx.Stream | None = None  # the gradient all-reduce's stream (allreduce.py)
 
     @property
     def is_main(self) -> bool:
@@ -105,12 +106,15 @@ class World:
         flat = [int(hi) << 20 | int(lo) for hi, lo in zip(cols["hi"], cols["lo"])]
         return [flat[r * len(ids):(r + 1) * len(ids)] for r in range(self.size)]
 
-    def average_gradients(self, grads):
-        """The mean of every rank's gradients (mlx's bucketed all-reduce)."""
+    def average_gradients(self, grads, dtype: str = "float32", pending=()):
+        """The mean of every rank's gradients, summed in `dtype` (allreduce.py), evaluated with
+        `pending` (what the gradients' last micro-batch left unevaluated) in one evaluation."""
         if self.size == 1:
+            mx.eval(grads, pending)
             return grads
         with self._watched("gradient all-reduce"):
-            grads = average_gradients(grads, group=self.group)
+            grads, sums = mean_over_ranks(grads, self.group, dtype, self.comm)
+            mx.eval(sums, pending)
             mx.eval(grads)
         return grads
 
@@ -143,7 +147,7 @@ def init_world(timeout_s: float = 0.0) -> World:
                 "other rank; check the host file and the backend (mlx.launch --verbose)"
             )
         return SINGLE
-    return World(group.rank(), group.size(), group, _watch(group, timeout_s))
+    return World(group.rank(), group.size(), group, _watch(group, timeout_s), mx.new_stream(mx.cpu))
 
 
 def _ring_hosts() -> str:
@@ -157,15 +161,20 @@ def _ring_hosts() -> str:
 
 def _own_ip(rank: int) -> str:
     """The IPv4 address the other ranks reach this one at: the ring host file's, else the one that
-    routes to the JACCL coordinator, else this host name's."""
-    if hosts := _ring_hosts():
-        return hosts.split(", ")[rank].rsplit(":", 1)[0]
-    coordinator = os.environ.get("MLX_JACCL_COORDINATOR", "").rsplit(":", 1)[0]
-    if coordinator:
-        with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
-            s.connect((coordinator, 9))  # no packet is sent: this only picks the route
-            return s.getsockname()[0]
-    return socket.gethostbyname(socket.gethostname())
+    routes to the JACCL coordinator, else this host name's ("0.0.0.0" when there is none)."""
+    try:
+        if hosts := _ring_hosts():
+            ip = hosts.split(", ")[rank].rsplit(":", 1)[0]
+        elif coordinator := os.environ.get("MLX_JACCL_COORDINATOR", "").rsplit(":", 1)[0]:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((coordinator, 9))  # no packet is sent: this only picks the route
+                ip = s.getsockname()[0]
+        else:
+            ip = socket.gethostbyname(socket.gethostname())
+        socket.inet_aton(ip)
+        return ip
+    except (OSError, IndexError):  # not IPv4: no heartbeats reach this rank, the deadline still holds
+        return "0.0.0.0"
 
 
 def _watch(group, timeout_s: float) -> Watch:
@@ -223,9 +232,10 @@ def sampling_seed(seed: int, rank: int, step: int = 0) -> int:
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
-def allreduce_bytes(model) -> int:
-    """Bytes of the gradient all-reduce of one update: every trainable array once."""
-    return sum(v.nbytes for _, v in tree_flatten(model.trainable_parameters()))
+def allreduce_bytes(model, dtype: str = "float32") -> int:
+    """Bytes of the gradient all-reduce of one update: every trainable array once, in the reduce
+    dtype (distributed.reduce_dtype; bfloat16 weights are summed in float32 unless it says otherwise)."""
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters())) * DTYPES[dtype].size
 
 
 def sync_parameters(model, world: World) -> None:

@@ -140,7 +140,15 @@ def test_two_ranks_one_prompt_each_equal_one_rank_two_prompts(tmp_path):
         delta = lambda w: np.concatenate([np.array(w[k] - start[k]).ravel() for k in sorted(single)])
         want, got = delta(single), delta(ranks[0])
         assert np.abs(want).max() > 1e-4, name  # the update moved the weights
-        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), name
+        error = np.abs(got - want).max() / np.abs(want).max()
+        if name.endswith("bf16_reduce"):
+            # bfloat16 keeps 8 significant bits: each rank's gradient and their sum are rounded to
+            # within 2**-9 of themselves, and where the ranks' gradients partly cancel, a rank's
+            # entry is several times the mean's: measured 0.0053 of the largest entry (0.0033 in
+            # norm). float32's error is 1e-7, so more than 1e-4 shows the bfloat16 path ran.
+            assert 1e-4 < error <= 2**-6, (name, error)
+        else:
+            assert error <= 1e-4, (name, error)
         dist_metrics = json.loads((tmp_path / f"{name}_rank0.json").read_text())
         for key in ("loss", "grad_norm", "clip_ratio/region_mean"):
             assert dist_metrics[key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-7), (name, key)

@@ -225,7 +225,7 @@ def announce(cfg, tr: Trainer, world) -> None:
             "(bfloat16 on Metal, float32 on the CPU backend)")
     if world.size > 1:
         say(f"mlx-grpo: data-parallel over {world.size} ranks, "
-            f"{allreduce_bytes(tr.model) / 1e6:.2f} MB all-reduced per update")
+            f"{allreduce_bytes(tr.model, cfg.distributed.reduce_dtype) / 1e6:.2f} MB all-reduced per update")
 
 
 def resume(start, tr: Trainer, cfg, world) -> tuple[Path, int, int]:

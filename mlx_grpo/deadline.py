@@ -46,7 +46,7 @@ def _say(line: str) -> None:
 def init_deadline(seconds: float, rank: int, where: str):
     """Around mx.distributed.init, which waits forever for a rank that never connects."""
     timer = threading.Timer(seconds, lambda: _say(
-        f"rank {rank}: mx.distributed.init did not connect every rank within {seconds:.0f} s ({where}); "
+        f"rank {rank}: mx.distributed.init did not connect every rank within {seconds:g} s ({where}); "
         "a host is down or unreachable at that address, or its rank did not start; "
         "`mlx-grpo launch --check` asks each host"))
     timer.daemon = True

@@ -129,3 +129,16 @@ def test_late_line_names_lost_slow_and_silent_ranks():
     w.heard = {}
     assert w._late_line("sum", w._missing(1, now), 60.0).startswith(
         "rank 0: rank 1 (never heard from: its heartbeats do not arrive), rank 2 (never")
+
+
+def test_init_that_never_connects_ends_with_one_line_and_status_3():
+    # mx.distributed.init waits forever for a rank that never starts; here a sleep stands for it
+    code = ("import time\nfrom mlx_grpo.deadline import init_deadline\n"
+            "with init_deadline(0.5, 1, '127.0.0.1:5000, 127.0.0.1:5001'):\n    time.sleep(60)\n")
+    proc = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True, timeout=60,
+                          env={k: v for k, v in os.environ.items() if k != "MLX_GRPO_RESUME"})
+    assert proc.returncode == deadline.DEADLINE_EXIT
+    assert proc.stderr.strip() == (
+        "mlx-grpo: error: rank 1: mx.distributed.init did not connect every rank within 0.5 s (127.0.0.1:5000, "
+        "127.0.0.1:5001); a host is down or unreachable at that address, or its rank did not start; "
+        "`mlx-grpo launch --check` asks each host")

@@ -131,7 +131,9 @@ class Watch:
             try:
                 data, _ = self.sock.recvfrom(4096)
                 beat = json.loads(data)
-                self.heard[int(beat["r"])] = (beat, time.monotonic())
+                last = self.heard.get(int(beat["r"]))
+                if last is None or beat["n"] >= last[0]["n"]:  # a datagram overtaken by a newer one is dropped
+                    self.heard[int(beat["r"])] = (beat, time.monotonic())
             except (OSError, ValueError, KeyError, TypeError):
                 time.sleep(0.05)  # a stray datagram
 

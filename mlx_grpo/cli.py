@@ -24,6 +24,8 @@ COMMANDS = {  # name: (module, one-line help)
               "seconds per step against MLX's own limit on the same work (see scripts/bench.py)"),
     "config": ("mlx_grpo.commands.config", "print a profile with every default filled in, or the reference of every key"),
     "launch": ("mlx_grpo.commands.launch", "mlx.launch that fails when a rank fails: launch -n 2 -- mlx-grpo train ..."),
+    "launch-probe": ("mlx_grpo.commands.probe",
+                     "one host's answer to `launch --check`, one JSON line: versions, hashes, backends, memory"),
 }
 
 
@@ -59,8 +61,8 @@ def _main(argv):
     argv = list(sys.argv[1:] if argv is None else argv)
     if argv and argv[0] not in COMMANDS and argv[0] not in ("-h", "--help", "--version"):
         argv.insert(0, "train")
-    if argv[:1] == ["launch"] and argv[1:2] not in (["-h"], ["--help"]):
-        argv.insert(1, "--")  # mlx.launch's options (-n 2 ...) are its own, not this parser's
+    if argv[:1] in (["launch"], ["launch-probe"]) and argv[1:2] not in (["-h"], ["--help"]):
+        argv.insert(1, "--")  # mlx.launch's options (-n 2 ...), train's: not this parser's
     parser, runners = build_parser()
     args = parser.parse_args(argv)
     if args.command is None:

@@ -15,15 +15,19 @@ Averaging then gives sum(all rows) / normaliser. The only traffic is that one gr
 all-reduce per update, plus a few scalars and the step's rewards and lengths.
 """
 
+from contextlib import nullcontext
 from dataclasses import dataclass
+import json
 import os
 import re
+import socket
 
 import mlx.core as mx
-from mlx.nn.utils import average_gradients
 from mlx.utils import tree_flatten, tree_map
 import numpy as np
 
+from mlx_grpo.allreduce import DTYPES, mean_over_ranks
+from mlx_grpo.deadline import INIT_S, Watch, init_deadline
 from mlx_grpo.errors import TrainingError
 
 # Set by `mlx-grpo launch` for its ranks: the launch command line that resumes the run, which
@@ -38,10 +42,30 @@ class World:
     rank: int = 0
     size: int = 1
     group: mx.distributed.Group | None = None
+    watch: Watch | None = None  # the collectives' deadline (deadline.py)
+    comm: mx.Stream | None = None  # the gradient all-reduce's stream (allreduce.py)
 
     @property
     def is_main(self) -> bool:
         return self.rank == 0
+
+    def _watched(self, what: str):
+        """Around a collective and its evaluation: past the deadline, every rank stops."""
+        return self.watch.collective(what) if self.watch else nullcontext()
+
+    def busy(self, what: str):
+        """While this rank works alone (loading, evaluating, writing a checkpoint): the others
+        wait for it without counting against the deadline."""
+        return self.watch.busy(what) if self.watch else nullcontext()
+
+    def at_step(self, step: int) -> None:
+        if self.watch:
+            self.watch.at_step(step)
+
+    def step_done(self, seconds: float) -> None:
+        """A step's time, which the deadline follows."""
+        if self.watch:
+            self.watch.step_done(seconds)
 
     def _sum(self, x: mx.array) -> mx.array:
         # Scalars and small vectors: on the CPU stream, as mlx-lm's trainer does.
@@ -51,7 +75,8 @@ class World:
         """Each value summed over the ranks."""
         if self.size == 1:
             return list(values)
-        return self._sum(mx.array(values, dtype=mx.float32)).tolist()
+        with self._watched("sum"):
+            return self._sum(mx.array(values, dtype=mx.float32)).tolist()
 
     def mean(self, values: list[float]) -> list[float]:
         """Each value averaged over the ranks."""
@@ -60,36 +85,59 @@ class World:
     def max(self, value: float) -> float:
         if self.size == 1:
             return value
-        return mx.distributed.all_max(mx.array([value]), group=self.group, stream=mx.cpu).item()
+        with self._watched("max"):
+            return mx.distributed.all_max(mx.array([value]), group=self.group, stream=mx.cpu).item()
 
     def gather(self, columns: dict[str, list[float]]) -> dict[str, list[float]]:
         """Every rank's rows of equal-length columns, rank 0's first (one all_gather)."""
         if self.size == 1:
             return {k: list(v) for k, v in columns.items()}
         table = mx.array(np.array(list(columns.values()), dtype=np.float32).T)  # (rows, C)
-        out = mx.distributed.all_gather(table, group=self.group, stream=mx.cpu)  # (W rows, C)
-        return dict(zip(columns, np.array(out).T.tolist()))
+        with self._watched("gather"):
+            out = np.array(mx.distributed.all_gather(table, group=self.group, stream=mx.cpu))  # (W rows, C)
+        return dict(zip(columns, out.T.tolist()))
 
-    def average_gradients(self, grads):
-        """The mean of every rank's gradients (mlx's bucketed all-reduce)."""
+    def gather_ids(self, ids: list[int]) -> list[list[int]]:
+        """Each rank's list of integer ids (every rank's of one length), rank 0's first. Sent as
+        two float32 columns of 20 bits each, so ids below 2**40 arrive exactly."""
         if self.size == 1:
+            return [list(ids)]
+        cols = self.gather({"hi": [i >> 20 for i in ids], "lo": [i & 0xFFFFF for i in ids]})
+        flat = [int(hi) << 20 | int(lo) for hi, lo in zip(cols["hi"], cols["lo"])]
+        return [flat[r * len(ids):(r + 1) * len(ids)] for r in range(self.size)]
+
+    def average_gradients(self, grads, dtype: str = "float32", pending=()):
+        """The mean of every rank's gradients, summed in `dtype` (allreduce.py), evaluated with
+        `pending` (what the gradients' last micro-batch left unevaluated) in one evaluation."""
+        if self.size == 1:
+            mx.eval(grads, pending)
             return grads
-        return average_gradients(grads, group=self.group)
+        with self._watched("gradient all-reduce"):
+            grads, sums = mean_over_ranks(grads, self.group, dtype, self.comm)
+            mx.eval(sums, pending)
+            mx.eval(grads)
+        return grads
 
     def broadcast(self, tree):
         """Rank 0's arrays on every rank: a sum where the other ranks add exact zeros."""
         if self.size == 1:
             return tree
         own = tree if self.is_main else tree_map(mx.zeros_like, tree)
-        return tree_map(lambda x: mx.distributed.all_sum(x, group=self.group), own)
+        with self._watched("broadcast"):
+            out = tree_map(lambda x: mx.distributed.all_sum(x, group=self.group), own)
+            mx.eval(out)
+        return out
 
 
 SINGLE = World()
 
 
-def init_world() -> World:
-    """The world `mlx.launch` started this process in; a single process otherwise."""
-    group = mx.distributed.init()
+def init_world(timeout_s: float = 0.0) -> World:
+    """The world `mlx.launch` started this process in, its collectives under a deadline
+    (distributed.timeout_s; 0 = deadline.py's own); a single process otherwise."""
+    rank = int(os.environ.get("MLX_RANK", "0") or 0)
+    with init_deadline(max(timeout_s, INIT_S), rank, _ring_hosts() or "the backend's own addresses"):
+        group = mx.distributed.init()
     if group.size() == 1:
         launched_rank = int(os.environ.get("MLX_RANK", "0") or 0)
         if launched_rank > 0:
@@ -99,7 +147,45 @@ def init_world() -> World:
                 "other rank; check the host file and the backend (mlx.launch --verbose)"
             )
         return SINGLE
-    return World(group.rank(), group.size(), group)
+    return World(group.rank(), group.size(), group, _watch(group, timeout_s), mx.new_stream(mx.cpu))
+
+
+def _ring_hosts() -> str:
+    """The ring host file's addresses, rank 0's first ("" for another backend)."""
+    try:
+        with open(os.environ["MLX_HOSTFILE"]) as f:
+            return ", ".join(node[0] for node in json.load(f))
+    except (KeyError, OSError, ValueError, TypeError, IndexError):
+        return ""
+
+
+def _own_ip(rank: int) -> str:
+    """The IPv4 address the other ranks reach this one at: the ring host file's, else the one that
+    routes to the JACCL coordinator, else this host name's ("0.0.0.0" when there is none)."""
+    try:
+        if hosts := _ring_hosts():
+            ip = hosts.split(", ")[rank].rsplit(":", 1)[0]
+        elif coordinator := os.environ.get("MLX_JACCL_COORDINATOR", "").rsplit(":", 1)[0]:
+            with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
+                s.connect((coordinator, 9))  # no packet is sent: this only picks the route
+                ip = s.getsockname()[0]
+        else:
+            ip = socket.gethostbyname(socket.gethostname())
+        socket.inet_aton(ip)
+        return ip
+    except (OSError, IndexError):  # not IPv4: no heartbeats reach this rank, the deadline still holds
+        return "0.0.0.0"
+
+
+def _watch(group, timeout_s: float) -> Watch:
+    """Bind this rank's heartbeat socket and learn every rank's (one all_gather of IPs and ports)."""
+    sock = socket.socket(socket.AF_INET, socket.SOCK_DGRAM)
+    sock.bind(("0.0.0.0", 0))
+    ip = _own_ip(group.rank())
+    mine = mx.array([*socket.inet_aton(ip), sock.getsockname()[1]], dtype=mx.int32)
+    table = np.array(mx.distributed.all_gather(mine, group=group, stream=mx.cpu)).reshape(group.size(), 5)
+    peers = [(socket.inet_ntoa(bytes(int(b) for b in row[:4])), int(row[4])) for row in table]
+    return Watch(group.rank(), sock, peers, timeout_s)
 
 
 def lost_rank(error: RuntimeError, world: World) -> TrainingError | None:
@@ -146,9 +232,10 @@ def sampling_seed(seed: int, rank: int, step: int = 0) -> int:
     return int(np.random.SeedSequence([seed, rank, step]).generate_state(1)[0])
 
 
-def allreduce_bytes(model) -> int:
-    """Bytes of the gradient all-reduce of one update: every trainable array once."""
-    return sum(v.nbytes for _, v in tree_flatten(model.trainable_parameters()))
+def allreduce_bytes(model, dtype: str = "float32") -> int:
+    """Bytes of the gradient all-reduce of one update: every trainable array once, in the reduce
+    dtype (distributed.reduce_dtype; bfloat16 weights are summed in float32 unless it says otherwise)."""
+    return sum(v.size for _, v in tree_flatten(model.trainable_parameters())) * DTYPES[dtype].size
 
 
 def sync_parameters(model, world: World) -> None:

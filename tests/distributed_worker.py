@@ -28,6 +28,7 @@ from mlx_grpo.models.load import load_base
 from mlx_grpo.rollout.sample import Rollout
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.commands.setup import build_policy
+from mlx_grpo.update import step
 from mlx_grpo.update.step import optimize
 
 G = 4
@@ -45,6 +46,11 @@ CASES = {
         "grpo.scale_rewards=\"batch\"", "grpo.mask_truncated_completions=true",
     ],
     "bnpo_lora": ["grpo.loss_type=\"bnpo\"", "lora.enabled=true", "lora.rank=4"],
+    # the gradients summed across ranks in bfloat16: equal within bfloat16's rounding
+    "dapo_bf16_reduce": ["grpo.loss_type=\"dapo\"", "distributed.reduce_dtype=\"bfloat16\""],
+    # the all-reduce evaluated with the last micro-batch's backward pass (update/step.py, on Metal)
+    "dapo_accum_overlap": ["grpo.loss_type=\"dapo\"", "training.gradient_accumulation_steps=2",
+                           "training.micro_batch_size=3"],
 }
 
 
@@ -83,7 +89,11 @@ def one_update(name: str, world=SINGLE):
     rows = [r for r in rows if r[0] in mine]
     rollout = Rollout([r[1] for r in rows], [r[2] for r in rows], [""] * len(rows), [r[3] for r in rows], G)
     optimizer = optim.SGD(learning_rate=1.0)
-    metrics = optimize(model, optimizer, ref_model, rollout, [r[4] for r in rows], cfg, world)
+    overlap, step.OVERLAP_ALLREDUCE = step.OVERLAP_ALLREDUCE, name.endswith("_overlap")
+    try:
+        metrics = optimize(model, optimizer, ref_model, rollout, [r[4] for r in rows], cfg, world)
+    finally:
+        step.OVERLAP_ALLREDUCE = overlap
     return dict(tree_flatten(model.trainable_parameters())), metrics
 
 

@@ -90,6 +90,20 @@ def test_single_process_world_is_identity():
     assert world.gather({"a": [1.0, 2.0]}) == {"a": [1.0, 2.0]}
 
 
+class _TwoRanksAlike(World):
+    """World(0, 2) whose gather returns rank 0's columns followed by a second rank's copy + 1."""
+
+    def gather(self, columns):
+        return {k: list(v) + [x + 1.0 for x in v] for k, v in columns.items()}
+
+
+def test_gather_ids_are_exact_past_float32s_24_bits():
+    ids = [0, 7, 2**24 + 1, 2**39 + 12345]  # float32 alone holds integers exactly only below 2**24
+    # each id split as hi = id >> 20, lo = id & (2**20 - 1); the copy adds 1 to both: id + 2**20 + 1
+    assert _TwoRanksAlike(0, 2).gather_ids(ids) == [ids, [i + 2**20 + 1 for i in ids]]
+    assert SINGLE.gather_ids(ids) == [ids]
+
+
 def test_rank_without_a_group_refuses_to_train_alone(monkeypatch):
     init_world()  # the single-process group, created once per process
     monkeypatch.setenv("MLX_RANK", "1")
@@ -126,7 +140,15 @@ def test_two_ranks_one_prompt_each_equal_one_rank_two_prompts(tmp_path):
         delta = lambda w: np.concatenate([np.array(w[k] - start[k]).ravel() for k in sorted(single)])
         want, got = delta(single), delta(ranks[0])
         assert np.abs(want).max() > 1e-4, name  # the update moved the weights
-        assert np.abs(got - want).max() <= 1e-4 * np.abs(want).max(), name
+        error = np.abs(got - want).max() / np.abs(want).max()
+        if name.endswith("bf16_reduce"):
+            # bfloat16 keeps 8 significant bits: each rank's gradient and their sum are rounded to
+            # within 2**-9 of themselves, and where the ranks' gradients partly cancel, a rank's
+            # entry is several times the mean's: measured 0.0053 of the largest entry (0.0033 in
+            # norm). float32's error is 1e-7, so more than 1e-4 shows the bfloat16 path ran.
+            assert 1e-4 < error <= 2**-6, (name, error)
+        else:
+            assert error <= 1e-4, (name, error)
         dist_metrics = json.loads((tmp_path / f"{name}_rank0.json").read_text())
         for key in ("loss", "grad_norm", "clip_ratio/region_mean"):
             assert dist_metrics[key] == pytest.approx(single_metrics[key], rel=1e-4, abs=1e-7), (name, key)

@@ -16,8 +16,10 @@ from pathlib import Path
 from mlx_grpo.config import load_config
 from mlx_grpo.errors import UserError
 from mlx_grpo.planner.constants import GB
+from mlx_grpo.planner.links import LINKS, format_scaling
 from mlx_grpo.planner.predict import predict, suggestions
-from mlx_grpo.planner.shapes import JudgeShape, config_model_shape, lazy_model, read_config, read_model_shape, run_shape
+from mlx_grpo.planner.shapes import (JudgeShape, config_model_shape, lazy_model, read_config, read_model_shape, run_shape,
+                                     trainable_params)
 
 PHASES = ("weights", "adapters", "optimizer state", "reference", "rollout copy", "rollout KV cache", "update activations",
           "logits", "judge weights", "judge KV cache", "rollout", "update", "judging")  # judge ones: with a judge
@@ -153,6 +155,7 @@ def plan(cfg, memory_gb: float | None = None, data: bool = False) -> dict:
         "model": cfg.model.path, "phases_gb": {k: phases[k] / GB for k in PHASES if k in phases},
         "peak_gb": phases["peak"] / GB, "device_gb": device, "fits": fits,
         "suggestions": [] if fits else [[s, p / GB] for s, p in suggestions(shape, run, device * GB)],
+        "trainable_params": trainable_params(shape, run),
     }
     if data and (longest := longest_prompt(cfg, folder)) is not None:
         result["data_prompt_tokens"] = longest
@@ -248,12 +251,25 @@ def add_arguments(parser):
     parser.add_argument("--memory-gb", type=float, default=None, metavar="N",
                         help="plan for N GB instead of this device's memory")
     parser.add_argument("--json", default=None, metavar="FILE", help="also write the prediction as JSON")
+    parser.add_argument("--ranks", type=int, default=0, metavar="N",
+                        help="also predict the step time and scaling efficiency on 1 to N Macs (needs --link "
+                             "and --step-seconds; planner/links.py)")
+    parser.add_argument("--link", choices=list(LINKS), default=None, help="the link between the Macs, for --ranks")
+    parser.add_argument("--step-seconds", type=float, default=None, metavar="S",
+                        help="the one-Mac step time, for --ranks: metrics.jsonl's step_time or `mlx-grpo bench`")
 
 
 def main(args) -> int:
     """Exit code 0 when the profile fits, 1 when it does not."""
-    result = plan(load_config(args.config, args.overrides), args.memory_gb, data=True)
+    cfg = load_config(args.config, args.overrides)
+    if args.ranks and (args.link is None or not args.step_seconds or args.step_seconds <= 0):
+        raise UserError("--ranks needs --link (one of " + ", ".join(LINKS) + ") and --step-seconds S > 0, the "
+                        "one-Mac step time (metrics.jsonl's step_time, or `mlx-grpo bench`)")
+    result = plan(cfg, args.memory_gb, data=True)
     print("\n".join(format_plan(result)))
+    if args.ranks:
+        nbytes = result["trainable_params"] * (2 if cfg.distributed.reduce_dtype == "bfloat16" else 4)
+        print("\n".join(format_scaling(args.step_seconds, nbytes, cfg.grpo.num_iterations, args.link, args.ranks)))
     if args.json:
         Path(args.json).write_text(json.dumps(result, indent=1) + "\n")
     return 0 if result["fits"] else 1

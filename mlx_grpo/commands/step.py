@@ -72,6 +72,8 @@ def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str
         "step_time": step_time, **timing,
         "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
         "peak_memory_gb": world.max(max(mx.get_peak_memory() / 1e9, before_judge)),
+        # the data rows (Example.row) of the prompts each rank drew, rank 0's first: disjoint, and together the step's
+        "data/prompt_ids": world.gather_ids(drawn.prompt_ids),
     }
 
 

@@ -31,7 +31,7 @@ from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.distributed import (
     RESUME_ENV, allreduce_bytes, check_world, init_world, lost_rank, sampling_seed,
 )
-from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.errors import NonFiniteError
 from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
@@ -42,7 +42,7 @@ from mlx_grpo.run.console import Console, say
 from mlx_grpo.run.lock import lock_run_folder
 from mlx_grpo.run.log import truncate_jsonl
 from mlx_grpo.run.resume import open_run, restore_training_state, share_resume_point
-from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest
+from mlx_grpo.run.stopping import RunStopped, StepAbandoned, StopRequest, skip_or_stop
 from mlx_grpo.run.step_log import StepLog
 from mlx_grpo.run.trackers import check_installed
 from mlx_grpo.update.movement import MovementCheck
@@ -59,7 +59,7 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
     it samples its share of each step's prompts and only rank 0 writes anything.
     """
-    world = init_world()
+    world = init_world(cfg.distributed.timeout_s)
     check_world(cfg, world)
     try:
         # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
@@ -100,6 +100,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     console = Console(first, t.max_steps, enabled=world.is_main, progress=progress)  # the bar, the lines above it
     draw = make_draw(stream, tr, reward_set, t.prompts_per_step, t.max_steps, world, console.sampling)
     for step in stop.watch(console):
+        world.at_step(step)
         tic = time.perf_counter()
         mx.reset_peak_memory()
         try:
@@ -124,14 +125,18 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
             metrics["zero_signal_skipped"] = float(skipped)
         if moved:
             metrics.update(moved(tr.model, tr.optimizer))
+        world.step_done(metrics["step_time"])  # the collectives' deadline follows it
         if run_eval and step % cfg.eval.every == 0:
             console.evaluating()
-            metrics.update(run_eval(tr.model))
+            with world.busy("evaluating"):
+                metrics.update(run_eval(tr.model))
         if log:  # the other ranks only take part in the reductions
-            log.write(metrics, drawn, console, trained=bool(update_metrics))
+            with world.busy("logging"):
+                log.write(metrics, drawn, console, trained=bool(update_metrics))
         requested = world.max(float(stop.requested)) > 0  # all ranks stop after the same step
         if world.is_main and (step % cfg.checkpoint.save_every == 0 or step == t.max_steps or requested):
-            ckpt = save(tr, cfg, step, stream, bad_steps, moved)
+            with world.busy("writing a checkpoint"):
+                ckpt = save(tr, cfg, step, stream, bad_steps, moved)
         if requested and step < t.max_steps:  # a stop asked for in the last step: the run is complete
             if log:
                 log.finish(ckpt, t.max_steps, stopped=True)
@@ -154,7 +159,7 @@ def announce(cfg, tr: Trainer, world) -> None:
             "(bfloat16 on Metal, float32 on the CPU backend)")
     if world.size > 1:
         say(f"mlx-grpo: data-parallel over {world.size} ranks, "
-            f"{allreduce_bytes(tr.model) / 1e6:.2f} MB all-reduced per update")
+            f"{allreduce_bytes(tr.model, cfg.distributed.reduce_dtype) / 1e6:.2f} MB all-reduced per update")
 
 
 def resume(start, tr: Trainer, cfg, world) -> tuple[Path, int, int]:
@@ -182,20 +187,6 @@ def save(tr: Trainer, cfg, step: int, stream: PromptStream, bad_steps: int, move
         trainer_state={"data_position": stream.position, "bad_steps": bad_steps, "rng": capture_rng(),
                        "movement": moved.state()},
     )
-
-
-def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int, ckpt) -> int:
-    """Count one bad step; past training.max_bad_steps stop, naming step, metric and checkpoint."""
-    bad_steps += 1
-    last = f"last good checkpoint {ckpt}" if ckpt else "no checkpoint written yet"
-    if bad_steps > max_bad:
-        raise TrainingError(
-            f"step {step}: non-finite {error.metric} ({error.value}), the update was not applied; "
-            f"{last}; training.max_bad_steps = {max_bad} allows skipping that many bad steps"
-        ) from error
-    say(f"mlx-grpo: step {step}: non-finite {error.metric} ({error.value}); update skipped "
-        f"({bad_steps} of training.max_bad_steps = {max_bad})")
-    return bad_steps
 
 
 def add_arguments(parser):

@@ -130,6 +130,12 @@ DESCRIPTIONS = {
     "eval.temperature": "Temperature of those K samples (pass@1 is greedy).",
     "eval.max_new_tokens": "Tokens an eval completion may have; 0 is generation.max_new_tokens.",
     "eval.batch_size": "Prompts decoded at once.",
+    # [distributed]
+    "distributed.timeout_s": "Seconds a rank waits at a collective for the others before every rank stops "
+                             "with one line naming the late one; 0 is the larger of 60 s and 5 times the "
+                             "median step time.",
+    "distributed.reduce_dtype": "The gradient all-reduce's dtype across ranks: `float32`, or `bfloat16` "
+                                "(half the bytes, rounding measured in the README).",
 }
 
 

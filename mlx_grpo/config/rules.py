@@ -132,6 +132,8 @@ RULES: dict[str, Rule] = {
     "eval.temperature": _above(0),
     "eval.max_new_tokens": _within(0, MAX_TOKENS),
     "eval.batch_size": _within(1, MAX_SEQUENCES),
+    "distributed.timeout_s": _at_least(0),
+    "distributed.reduce_dtype": _one_of("float32", "bfloat16"),
 }
 
 # Keys that once meant something else: dotted key -> what to write instead. A profile or --set

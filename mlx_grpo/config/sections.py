@@ -172,6 +172,14 @@ class EvalConfig:
 
 
 @dataclass
+class DistributedConfig:
+    # a collective's deadline (distributed.py, Watch): 0 = the larger of 60 s and 5 x the median
+    # step time so far; a rank that misses it stops every rank with one line naming the late rank
+    timeout_s: float = 0.0
+    reduce_dtype: str = "float32"  # the gradient all-reduce's dtype; "bfloat16" sends half the bytes
+
+
+@dataclass
 class Config:
     seed: int = 0
     output_dir: str = "runs/default"
@@ -188,3 +196,4 @@ class Config:
     logging: LoggingConfig = field(default_factory=LoggingConfig)
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
+    distributed: DistributedConfig = field(default_factory=DistributedConfig)

@@ -6,7 +6,7 @@ completion's data row. `ScoredRollout` is what every later stage takes: advantag
 sampling's group filtering, the update and the step's metrics.
 """
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 import math
 
 import numpy as np
@@ -42,12 +42,14 @@ class SamplingSettings:
 
 @dataclass
 class ScoredRollout:
-    """A rollout with its rewards (totals and per reward name) and the prompt of each row."""
+    """A rollout with its rewards (totals and per reward name), the prompt of each row and the
+    data row (Example.row) of each group's prompt."""
 
     rollout: Rollout
     rewards: list[float]
     per_name: dict[str, list[float | None]]  # None: that reward did not score that completion
     questions: list[str]
+    prompt_ids: list[int] = field(default_factory=list)
 
     @property
     def num_groups(self) -> int:
@@ -64,6 +66,7 @@ def take_groups(batch: ScoredRollout, groups: list[int]) -> ScoredRollout:
     return ScoredRollout(
         Rollout(pick(r.prompt_tokens), pick(r.completion_tokens), pick(r.texts), pick(r.truncated), G, kept),
         pick(batch.rewards), {k: pick(v) for k, v in batch.per_name.items()}, pick(batch.questions),
+        [batch.prompt_ids[g] for g in groups] if batch.prompt_ids else [],
     )
 
 
@@ -79,7 +82,7 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
             cat(lambda b: b.rollout.sampling_logprobs) if kept else None,
         ),
         cat(lambda b: b.rewards), {k: cat(lambda b: b.per_name[k]) for k in first.per_name},
-        cat(lambda b: b.questions),
+        cat(lambda b: b.questions), cat(lambda b: b.prompt_ids),
     )
 
 
@@ -121,7 +124,7 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: Samplin
         penalty = overlong_penalty(lengths, s.max_new_tokens, s.overlong_buffer, s.overlong_penalty)
         rewards = [r + p for r, p in zip(rewards, penalty)]
         per_name = {**per_name, "overlong_penalty": penalty}
-    return ScoredRollout(rollout, rewards, per_name, batch.prompts)
+    return ScoredRollout(rollout, rewards, per_name, batch.prompts, [e.row for e in examples])
 
 
 def rollout_metrics(drawn: ScoredRollout, scale_rewards: str, world=SINGLE) -> dict:

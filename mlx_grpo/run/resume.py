@@ -6,8 +6,8 @@ optimizer state (its `step` drives the learning-rate schedule), the data positio
 count of skipped bad steps, the MLX, NumPy and Python PRNG states, and the unmoved-tensor
 check's start (update/movement.py). The resolved config
 is compared key by key with the run's; any difference except `training.max_steps`, the
-`[logging]` section, `checkpoint.resume` and `output_dir` (where the run is, not what it
-is) stops the resume unless forced.
+`[logging]` section, `checkpoint.resume`, `output_dir` (where the run is, not what it
+is) and `distributed.timeout_s` stops the resume unless forced.
 """
 
 from dataclasses import dataclass
@@ -27,7 +27,7 @@ from mlx_grpo.run.layout import (
     read_trainer_state,
 )
 
-MAY_DIFFER = ("training.max_steps", "logging", "checkpoint.resume", "output_dir")
+MAY_DIFFER = ("training.max_steps", "logging", "checkpoint.resume", "output_dir", "distributed.timeout_s")
 
 
 @dataclass

@@ -18,6 +18,9 @@ MLX call in progress (one decoded token, one micro-batch's forward and backward)
 
 Of the ranks of a launched run (`mlx-grpo launch`, which passes each rank its signals), rank 0
 alone says anything: a stop is announced once.
+
+A step with a NaN or inf loss or gradient is skipped, or stops the run past
+training.max_bad_steps (`skip_or_stop`).
 """
 
 from contextlib import contextmanager
@@ -25,6 +28,9 @@ import signal
 import statistics
 import sys
 import time
+
+from mlx_grpo.errors import NonFiniteError, TrainingError
+from mlx_grpo.run.console import say
 
 _SIGNALS = (signal.SIGINT, signal.SIGTERM)
 GRACE_S = 5.0  # the longest a SIGTERM waits for a step to end by itself
@@ -150,3 +156,17 @@ class StopRequest:
     @property
     def requested(self) -> bool:
         return self.signum is not None
+
+
+def skip_or_stop(error: NonFiniteError, step: int, bad_steps: int, max_bad: int, ckpt) -> int:
+    """Count one bad step; past training.max_bad_steps stop, naming step, metric and checkpoint."""
+    bad_steps += 1
+    last = f"last good checkpoint {ckpt}" if ckpt else "no checkpoint written yet"
+    if bad_steps > max_bad:
+        raise TrainingError(
+            f"step {step}: non-finite {error.metric} ({error.value}), the update was not applied; "
+            f"{last}; training.max_bad_steps = {max_bad} allows skipping that many bad steps"
+        ) from error
+    say(f"mlx-grpo: step {step}: non-finite {error.metric} ({error.value}); update skipped "
+        f"({bad_steps} of training.max_bad_steps = {max_bad})")
+    return bad_steps

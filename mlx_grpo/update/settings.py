@@ -45,6 +45,7 @@ class UpdateSettings:
     importance_sampling_correction: str = "none"
     importance_sampling_cap: float = 3.0
     importance_sampling_floor: float = 0.0
+    reduce_dtype: str = "float32"  # distributed.reduce_dtype: the gradient all-reduce's
 
     @classmethod
     def from_config(cls, cfg) -> "UpdateSettings":
@@ -61,6 +62,7 @@ class UpdateSettings:
             importance_sampling_correction=resolve_correction(cfg),
             importance_sampling_cap=g.importance_sampling_cap,
             importance_sampling_floor=g.importance_sampling_floor,
+            reduce_dtype=cfg.distributed.reduce_dtype,
         )
 
     @classmethod

@@ -37,6 +37,15 @@ COMPILE_STEP = "auto"
 # measurably faster (0.90 s vs 0.78 s on tiny). tests/test_update_step.py pins the peak.
 EVAL_EACH_MICRO_BATCH = True
 
+# Across ranks, evaluate the last micro-batch's backward pass together with the gradient
+# all-reduce, whose buckets then go out while the rest of that backward pass runs (allreduce.py).
+# On Metal, the case it is for: the backward runs on the GPU, the all-reduce on a CPU stream (not
+# measured: no Mac here). Off on the CPU backend, where both compete for the same cores: measured
+# slower, builtin:small full fine-tune, 2 ranks in network namespaces over a 25 MB/s tbf link on
+# the 2-core CI machine (load 9), medians of 5 updates: 25.7 s overlapped, 17.8 s one after the
+# other (scripts/link_scaling.py --overlap).
+OVERLAP_ALLREDUCE = mx.metal.is_available()
+
 
 def make_loss_fn(settings):
     """(model, batch) -> (loss, metrics): the GRPO loss of one micro-batch (settings: an
@@ -80,16 +89,16 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=
     s = UpdateSettings.of(settings)
     scale = 1.0 / s.accumulation_steps if DIVIDES_BY_ACCUMULATION[s.loss_type] else 1.0
     grads, parts = None, []
-    for batch in batches:
+    for i, batch in enumerate(batches):
         (loss, metrics), g = grad_fn(batch)
         g = tree_map(lambda x: x * scale, g)
         grads = g if grads is None else tree_map(mx.add, grads, g)
         parts.append((loss, batch.mask.sum(), metrics))
-        if eval_each:
+        if eval_each and not (i == len(batches) - 1 and OVERLAP_ALLREDUCE and world.size > 1):
             mx.eval(grads, parts[-1])
         if on_batch:
             on_batch()
-    mx.eval(grads, parts)
+    grads = world.average_gradients(grads, s.reduce_dtype, pending=parts)  # evaluates grads and parts
     total_loss, tokens, sums, extremes = 0.0, 0.0, {}, {}
     for loss, n, metrics in parts:  # summed in Python floats, as the logged metrics always were
         total_loss += loss.item() * scale
@@ -99,7 +108,6 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=
                 _keep_extreme(extremes, key, v.item())
             else:
                 sums[key] = sums.get(key, 0.0) + v.item() * n.item()
-    grads = world.average_gradients(grads)
     total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
     sums = dict(zip(sums, totals))
     if s.max_grad_norm > 0:

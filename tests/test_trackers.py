@@ -21,7 +21,7 @@ from mlx_grpo import cli
 from mlx_grpo.config import load_config
 from mlx_grpo.config.load import ConfigError
 from mlx_grpo.run.log import read_jsonl, read_metrics
-from mlx_grpo.run.trackers import EXTRAS, TRACKERS, Trackers
+from mlx_grpo.run.trackers import EXTRAS, TRACKERS, Trackers, tracker_name
 
 ROOT = Path(__file__).resolve().parent.parent
 INSTALLED = [name for name in TRACKERS if importlib.util.find_spec(EXTRAS[name])]
@@ -256,7 +256,7 @@ def test_tensorboard_holds_each_step_once_after_a_resume_that_redoes_steps(tmp_p
     rows = read_metrics(out)
     assert [r["step"] for r in rows] == [1, 2, 3, 4]
     for key in ("reward", "loss", "completions/mean_length"):
-        assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors(key)] == [
+        assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors(tracker_name(key))] == [
             (r["step"], r[key]) for r in rows]
     assert [e.step for e in board.Tensors("completions")] == [1, 2, 3, 4]
     configs = [(e.step, json.loads(value(e)[0].decode().strip("`\n"))) for e in board.Tensors("config")]
@@ -267,6 +267,6 @@ def test_tensorboard_holds_each_step_once_after_a_resume_that_redoes_steps(tmp_p
     board = EventAccumulator(str(out / "tensorboard"), size_guidance={"tensors": 0})
     board.Reload()
     rows = read_metrics(out)
-    assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors("reward")] == [
+    assert [(e.step, pytest.approx(float(value(e)), rel=1e-6)) for e in board.Tensors("train/reward")] == [
         (r["step"], r["reward"]) for r in rows] and len(rows) == 2
     assert [e.step for e in board.Tensors("config")] == [0]

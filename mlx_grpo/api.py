@@ -21,7 +21,7 @@ class ApiError(UserError, TypeError):
     """An argument of mlx_grpo.train of a kind it does not take; the message names it."""
 
 
-def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
+def train(config, *, rewards=None, dataset=None, tools=None, environment=None, **overrides) -> Path:
     """Train with GRPO; returns the run's output folder.
 
     config: a TOML profile's path, a dict of the same shape, or a `Config`.
@@ -33,6 +33,10 @@ def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
     dataset: the training rows, in place of data.dataset: a list of dicts, a dict of columns,
         a `datasets.Dataset`, or a data file's path (which becomes data.dataset);
         data.prompt_field and data.answer_field still name the fields.
+    tools: typed functions the model may call over several turns (TRL's tools=; docs/tools.md), or
+        names as tools.functions takes them, in place of the config's [tools] functions.
+    environment: a class (one instance per episode, `reset(**row)`, its public methods are tools),
+        or its 'module:Class' name, in place of tools.environment.
     overrides: top-level keys (`output_dir="runs/x"`, `seed=1`) and sections as dicts
         (`training={"max_steps": 3}`), checked as `--set` items are.
     """
@@ -61,10 +65,30 @@ def train(config, *, rewards=None, dataset=None, **overrides) -> Path:
             raise ConfigError("eval.every: evaluation during training reads data.dataset's eval split, "
                               "which mlx_grpo.train(dataset=...) has not; set eval.every = 0")
         cfg.data.dataset = f"mlx_grpo.train(dataset=...), {len(rows)} rows"
+    toolset = None
+    if tools is not None or environment is not None:
+        toolset = _toolset(cfg, config_path, tools, environment)
     from mlx_grpo.commands.train import train as run
 
-    run(cfg, config_path, reward_set=reward_set, rows=rows)
+    run(cfg, config_path, reward_set=reward_set, rows=rows, toolset=toolset)
     return Path(cfg.output_dir)
+
+
+def _toolset(cfg, config_path, tools, environment):
+    """The Toolset of `tools=` and `environment=` (checked now, before any weight loads); the
+    config records them by name where they are importable."""
+    from mlx_grpo.tools import Toolset
+
+    if tools is not None and not isinstance(tools, (list, tuple)):
+        raise ApiError(f"mlx_grpo.train(tools=...): expected a list of functions or 'module:function' names, "
+                       f"got {_kind(tools)} (one tool is a list of one: tools=[{tools!r:.40}])")
+    functions = list(tools) if tools is not None else cfg.tools.functions
+    env = environment if environment is not None else (cfg.tools.environment or None)
+    base_dir = Path(config_path).parent if config_path else None
+    toolset = Toolset(functions, env, base_dir=base_dir, timeout_s=cfg.tools.timeout_s)
+    cfg.tools.functions = [_record(fn) for fn in functions]
+    cfg.tools.environment = _record(env) if env is not None else ""
+    return toolset
 
 
 def _kind(value) -> str:

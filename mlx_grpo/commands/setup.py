@@ -24,7 +24,9 @@ from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout.quantized import QuantizedRollouts
 from mlx_grpo.rollout.sample import make_rollout_sampler
 from mlx_grpo.rollout.score import SamplingSettings
+from mlx_grpo.rollout.tool_rollout import ToolRollout, template_kwargs
 from mlx_grpo.run.console import say
+from mlx_grpo.tools import Toolset
 from mlx_grpo.update.optimizer import make_optimizer
 from mlx_grpo.update.settings import UpdateSettings
 from mlx_grpo.update.step import make_update_grad_fn
@@ -87,6 +89,7 @@ class Trainer:
     optimizer: object
     grad_fn: Callable  # batch -> ((loss, metrics), grads), made once so a compiled one keeps its traces
     quantized: QuantizedRollouts | None = None  # generation.quantize_bits: the copy that samples
+    tools: ToolRollout | None = None  # [tools]: multi-turn episodes (rollout/tool_rollout.py)
 
     def rollout_model(self):
         """The model that samples: the policy, or its quantized copy as of the last update. The
@@ -107,9 +110,11 @@ def prefix_sharing(settings: UpdateSettings, model, model_path: str, world: Worl
     return replace(settings, shared_prefix=False)
 
 
-def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None) -> Trainer:
+def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None,
+          toolset: Toolset | None = None) -> Trainer:
     """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
-    the sampling streams start from the seed."""
+    the sampling streams start from the seed. With a `toolset` the prompts show the chat template
+    the tools' schemas, and the rollout runs episodes."""
     model, tokenizer, base_path, num_layers = build_policy(cfg)
     if cfg.generation.quantize_bits and any(isinstance(m, nn.QuantizedLinear) for m in model.modules()):
         raise TrainingError(
@@ -121,7 +126,8 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     # Loading models draws random numbers (layer init before the weights arrive), and how many
     # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
-    examples = load_examples(cfg.data, tokenizer, seed=cfg.seed, rows=rows)
+    data = replace(cfg.data, chat_template_kwargs=template_kwargs(cfg.data.chat_template_kwargs, toolset))
+    examples = load_examples(data, tokenizer, seed=cfg.seed, rows=rows)
     gen, settings = cfg.generation, prefix_sharing(UpdateSettings.from_config(cfg), model, cfg.model.path, world)
     return Trainer(
         model, tokenizer, base_path, num_layers, ref_model, examples,
@@ -129,4 +135,5 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
         sampling=SamplingSettings.from_config(cfg), settings=settings,
         optimizer=make_optimizer(cfg.training, total_updates), grad_fn=make_update_grad_fn(model, settings),
         quantized=QuantizedRollouts(gen.quantize_bits) if gen.quantize_bits else None,
+        tools=ToolRollout.make(toolset, tokenizer, cfg) if toolset else None,
     )

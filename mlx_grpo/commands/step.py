@@ -15,6 +15,7 @@ from mlx_grpo.distributed import local_share
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.rewards import TrainerState
 from mlx_grpo.rollout.score import ScoredRollout, rollout_metrics, sample_and_score
+from mlx_grpo.rollout.tool_rollout import tool_metrics
 from mlx_grpo.run.console import say
 from mlx_grpo.update.step import optimize
 
@@ -27,7 +28,7 @@ def make_draw(stream: PromptStream, tr: Trainer, reward_set, prompts_per_step: i
         state = TrainerState(step - 1, max_steps, epoch=stream.position / len(stream.examples))
         examples = local_share(stream.take(n * world.size), prompts_per_step, world)
         return sample_and_score(tr.rollout_model(), tr.tokenizer, examples, reward_set, tr.sampler, tr.sampling,
-                                on_progress=on_progress, trainer_state=state)
+                                on_progress=on_progress, trainer_state=state, tools=tr.tools)
     return draw
 
 
@@ -63,12 +64,14 @@ def skip_zero_signal(kept: ScoredRollout, cfg, world) -> bool:
 
 
 def step_metrics(step: int, tic: float, drawn: ScoredRollout, scale_rewards: str, sampling_metrics: dict,
-                 update_metrics: dict, world, timing: dict) -> dict:
-    """The step's row of metrics.jsonl, reduced over the ranks; `timing`: the rewards' (time/rewards, a judge's)."""
+                 update_metrics: dict, world, timing: dict, tools=None) -> dict:
+    """The step's row of metrics.jsonl, reduced over the ranks; `timing`: the rewards' (time/rewards, a judge's);
+    `tools` (a ToolRollout) adds the tool metrics."""
     step_time = world.max(time.perf_counter() - tic)
     before_judge = timing.pop("judge/peak_before_gb", 0.0)  # a judge resets MLX's peak to measure its own
+    tool = tool_metrics(drawn.rollout, tools.toolset.names, world) if tools and drawn.rollout.episodes else {}
     return {
-        "step": step, **rollout_metrics(drawn, scale_rewards, world), **sampling_metrics, **update_metrics,
+        "step": step, **rollout_metrics(drawn, scale_rewards, world), **tool, **sampling_metrics, **update_metrics,
         "step_time": step_time, **timing,
         "tokens_per_second": world.sum([drawn.rollout.num_tokens])[0] / step_time,
         "peak_memory_gb": world.max(max(mx.get_peak_memory() / 1e9, before_judge)),

@@ -35,6 +35,7 @@ from mlx_grpo.errors import NonFiniteError
 from mlx_grpo.models.load import resolve_dtype
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rng import capture_rng, restore_rng, seed_everything
+from mlx_grpo.tools import make_toolset
 from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.checkpoint import save_checkpoint
 from mlx_grpo.run.layout import COMPLETIONS, DAMAGED_SUFFIX, METRICS, checkpoint_dir
@@ -49,12 +50,13 @@ from mlx_grpo.update.movement import MovementCheck
 
 
 def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force: bool = False,
-          reward_set: RewardSet | None = None, rows: list[dict] | None = None, progress: bool = True) -> Path:
+          reward_set: RewardSet | None = None, rows: list[dict] | None = None, progress: bool = True,
+          toolset=None) -> Path:
     """Run GRPO as configured; returns the final checkpoint folder.
 
     With cfg.checkpoint.resume the run continues from the newest checkpoint in output_dir;
     `overwrite` replaces a run found there, `force` resumes despite config differences.
-    `reward_set` and `rows` (the Python API's) replace cfg.rewards and the training split.
+    `reward_set`, `rows` and `toolset` (the Python API's) replace cfg.rewards, the training split and [tools].
     `progress` False draws no progress bar (none is drawn either where the output is not a terminal).
     Under `mlx.launch` this process is one rank of a data-parallel run (distributed.py):
     it samples its share of each step's prompts and only rank 0 writes anything.
@@ -64,24 +66,26 @@ def train(cfg, config_path: str | None = None, *, overwrite: bool = False, force
     try:
         # Rank 0 writes the run folder, so it alone holds its lock: a second process is refused.
         with lock_run_folder(cfg.output_dir) if world.is_main else nullcontext():
-            return _train(cfg, config_path, world, overwrite, force, reward_set, rows, progress)
+            return _train(cfg, config_path, world, overwrite, force, reward_set, rows, progress, toolset)
     except RuntimeError as e:  # another rank stopped: one line here, its own reason is in its output
         if (lost := lost_rank(e, world)) is None:
             raise
         raise lost from e
 
 
-def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows, progress: bool) -> Path:
+def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, rows, progress: bool,
+           toolset=None) -> Path:
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     reward_set = reward_set or make_rewards(cfg, config_path)
+    toolset = toolset or make_toolset(cfg, config_path)  # a bad tool stops the run before any weight loads
     if world.is_main:
         check_installed(cfg.logging.report_to)  # before any model loads
         warn_if_slow(say)  # Linux without OpenBLAS: one line
     start = open_run(cfg, overwrite=overwrite, force=force) if world.is_main else None  # before any write
     start = share_resume_point(start, out, world)
     t, g = cfg.training, cfg.grpo
-    tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world, rows=rows)
+    tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world, rows=rows, toolset=toolset)
     # None unless [eval] every > 0; rank 0 evaluates alone, its parameters equal every rank's.
     run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
@@ -120,7 +124,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
                 log.finish(ckpt, t.max_steps, stopped=True)
             raise RunStopped(signal.SIGTERM, step - 1, ckpt, abandoned=True) from None
         metrics = step_metrics(step, tic, drawn, g.scale_rewards, sampling_metrics, update_metrics, world,
-                               reward_set.take_timing())
+                               reward_set.take_timing(), tr.tools)
         if t.skip_zero_signal_steps:
             metrics["zero_signal_skipped"] = float(skipped)
         if moved:

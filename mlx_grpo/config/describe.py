@@ -57,6 +57,12 @@ DESCRIPTIONS = {
     "generation.min_p": "Drop tokens below min_p times the likeliest one's probability; 0 is off.",
     "generation.batch_size": "The most sequences decoded at once; 0 decodes all of a step's at once.",
     "generation.quantize_bits": "Sample from a 4- or 8-bit copy of the current policy; 0 is off.",
+    "generation.max_turns": "With tools: model turns an episode may have; one still calling tools after "
+                            "its last is truncated.",
+    "generation.max_tool_calls": "With tools: calls an episode may make (those past it are answered with an "
+                                 "error); 0 is no limit.",
+    "generation.max_episode_tokens": "With tools: sampled and tool tokens of an episode; one that would overflow "
+                                     "it stops, truncated; 0 is max_new_tokens times max_turns.",
     # [grpo]
     "grpo.beta": "Weight of the KL penalty to the reference; 0 loads no reference.",
     "grpo.epsilon": "Lower clip of the importance ratio, 1 - epsilon.",
@@ -136,6 +142,12 @@ DESCRIPTIONS = {
                              "median step time.",
     "distributed.reduce_dtype": "The gradient all-reduce's dtype across ranks: `float32`, or `bfloat16` "
                                 "(half the bytes, rounding measured in the README).",
+    # [tools]
+    "tools.functions": "Typed functions the model may call, `package.module:function` or "
+                       "`path/file.py:function` (docs/tools.md); the schema is made from their hints.",
+    "tools.environment": "An environment class, `package.module:Class` or `path/file.py:Class`: one "
+                         "instance per episode, `reset(**row)`, its public methods are tools; empty for none.",
+    "tools.timeout_s": "Seconds a tool call may run before the model gets a timeout error.",
 }
 
 

@@ -72,6 +72,9 @@ RULES: dict[str, Rule] = {
     "generation.min_p": _UNIT,
     "generation.batch_size": _within(0, MAX_SEQUENCES),
     "generation.quantize_bits": _one_of(0, 4, 8),
+    "generation.max_turns": _within(1, 1000),
+    "generation.max_tool_calls": _at_least(0),
+    "generation.max_episode_tokens": _within(0, MAX_TOKENS),
     "grpo.beta": _at_least(0),
     "grpo.epsilon": _above(0),
     "grpo.epsilon_high": _above(0),
@@ -133,6 +136,7 @@ RULES: dict[str, Rule] = {
     "eval.max_new_tokens": _within(0, MAX_TOKENS),
     "eval.batch_size": _within(1, MAX_SEQUENCES),
     "distributed.timeout_s": _at_least(0),
+    "tools.timeout_s": _above(0),
     "distributed.reduce_dtype": _one_of("float32", "bfloat16"),
 }
 

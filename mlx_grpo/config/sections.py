@@ -68,6 +68,10 @@ class GenerationConfig:
     min_p: float = 0.0  # 0 = off
     batch_size: int = 0  # sequences generated at once; 0 = all of a step's sequences
     quantize_bits: int = 0  # 4 or 8: sample from a quantized copy of the current policy; 0 = off
+    # With [tools] (rollout/episodes.py): max_new_tokens is then per model turn
+    max_turns: int = 4  # model turns an episode may have (each after the first follows tool results)
+    max_tool_calls: int = 0  # tool calls an episode may make; 0 = no limit (calls past it get an error)
+    max_episode_tokens: int = 0  # sampled + tool tokens of an episode; 0 = max_new_tokens * max_turns
 
 
 @dataclass
@@ -172,6 +176,14 @@ class EvalConfig:
 
 
 @dataclass
+class ToolsConfig:
+    # "module:function" or "path/file.py:function": typed functions the model may call (tools/schema.py)
+    functions: list[str] = field(default_factory=list)
+    environment: str = ""  # "module:Class" or "path/file.py:Class": one instance per episode; "" = none
+    timeout_s: float = 10.0  # a call running longer is answered with an error
+
+
+@dataclass
 class DistributedConfig:
     # a collective's deadline (distributed.py, Watch): 0 = the larger of 60 s and 5 x the median
     # step time so far; a rank that misses it stops every rank with one line naming the late rank
@@ -197,3 +209,4 @@ class Config:
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     distributed: DistributedConfig = field(default_factory=DistributedConfig)
+    tools: ToolsConfig = field(default_factory=ToolsConfig)

@@ -27,9 +27,16 @@ class Rollout:
     group_size: int
     # per completion token, the log-prob under the distribution it was sampled from; None = not kept
     sampling_logprobs: list[list[float]] | None = None
+    # tool episodes (rollout/episodes.py): per completion token 1 if sampled, 0 if a tool's (None: all sampled)
+    trainable: list[list[float]] | None = None
+    episodes: list[dict] | None = None  # per row: turns, tool calls, failures, per-tool counts, messages
+    tool_time: dict | None = None  # tools/seconds, tools/idle_seconds of the rollout
 
     @property
     def num_tokens(self) -> int:
+        """Tokens the policy sampled (a tool's tokens are not)."""
+        if self.trainable is not None:
+            return int(sum(sum(t) for t in self.trainable))
         return sum(len(c) for c in self.completion_tokens)
 
 

@@ -56,15 +56,20 @@ class ScoredRollout:
         return len(self.rewards) // self.rollout.group_size
 
 
+# Rollout's per-row fields (None where a rollout has not kept them); group_size and tool_time are not per row.
+_ROW_FIELDS = ("prompt_tokens", "completion_tokens", "texts", "truncated", "sampling_logprobs", "trainable",
+               "episodes")
+
+
 def take_groups(batch: ScoredRollout, groups: list[int]) -> ScoredRollout:
     """The rows of `groups`, in that order."""
     G = batch.rollout.group_size
     rows = [g * G + j for g in groups for j in range(G)]
     pick = lambda xs: [xs[i] for i in rows]
     r = batch.rollout
-    kept = None if r.sampling_logprobs is None else pick(r.sampling_logprobs)
+    kept = {k: None if getattr(r, k) is None else pick(getattr(r, k)) for k in _ROW_FIELDS}
     return ScoredRollout(
-        Rollout(pick(r.prompt_tokens), pick(r.completion_tokens), pick(r.texts), pick(r.truncated), G, kept),
+        Rollout(**kept, group_size=G, tool_time=r.tool_time),
         pick(batch.rewards), {k: pick(v) for k, v in batch.per_name.items()}, pick(batch.questions),
         [batch.prompt_ids[g] for g in groups] if batch.prompt_ids else [],
     )
@@ -74,13 +79,13 @@ def concat(batches: list[ScoredRollout]) -> ScoredRollout:
     """The rows of all batches, one after the other (all share one group size)."""
     first = batches[0]
     cat = lambda get: [x for b in batches for x in get(b)]
-    kept = all(b.rollout.sampling_logprobs is not None for b in batches)
+    rollouts = [b.rollout for b in batches]
+    kept = {k: None if any(getattr(r, k) is None for r in rollouts) else [x for r in rollouts for x in getattr(r, k)]
+            for k in _ROW_FIELDS}
+    times = [r.tool_time for r in rollouts if r.tool_time]
+    tool_time = {k: sum(t[k] for t in times) for k in times[0]} if times else None
     return ScoredRollout(
-        Rollout(
-            cat(lambda b: b.rollout.prompt_tokens), cat(lambda b: b.rollout.completion_tokens),
-            cat(lambda b: b.rollout.texts), cat(lambda b: b.rollout.truncated), first.rollout.group_size,
-            cat(lambda b: b.rollout.sampling_logprobs) if kept else None,
-        ),
+        Rollout(**kept, group_size=first.rollout.group_size, tool_time=tool_time),
         cat(lambda b: b.rewards), {k: cat(lambda b: b.per_name[k]) for k in first.per_name},
         cat(lambda b: b.questions), cat(lambda b: b.prompt_ids),
     )
@@ -102,23 +107,37 @@ def reward_batch(examples, texts: list[str], group_size: int, completion_ids=Non
 
 
 def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: SamplingSettings,
-                     on_progress=None, trainer_state: TrainerState | None = None) -> ScoredRollout:
+                     on_progress=None, trainer_state: TrainerState | None = None, tools=None) -> ScoredRollout:
     """G completions per example, scored; DAPO's overlong penalty added when it is on.
 
     `model` is the policy, or the quantized copy that samples for it (rollout/quantized.py);
     `sampler` is `make_rollout_sampler` of the settings' temperature, top_p, top_k and min_p;
     on_progress: as generate_completions takes it; `trainer_state` is what the rewards get as theirs.
+    `tools` (rollout/tool_rollout.ToolRollout): G multi-turn episodes instead; the rewards read the
+    whole episode's text, and its messages as the `episode` keyword; an environment's reward()
+    is added to the total as the `environment` reward.
     """
     G = s.num_generations
     model.eval()
-    rollout = generate_completions(
-        model, tokenizer, [e.prompt_tokens for e in examples],
-        num_generations=G, max_new_tokens=s.max_new_tokens, sampler=sampler, batch_size=s.batch_size,
-        sampling_logprob=make_sampling_logprob(s.temperature, s.top_p, s.top_k, s.min_p),
-        on_progress=on_progress,
-    )
+    env_rewards = None
+    if tools is not None:
+        from mlx_grpo.rollout.tool_rollout import sample_episodes
+
+        rollout, env_rewards = sample_episodes(model, tokenizer, examples, tools, sampler, s, on_progress)
+    else:
+        rollout = generate_completions(
+            model, tokenizer, [e.prompt_tokens for e in examples],
+            num_generations=G, max_new_tokens=s.max_new_tokens, sampler=sampler, batch_size=s.batch_size,
+            sampling_logprob=make_sampling_logprob(s.temperature, s.top_p, s.top_k, s.min_p),
+            on_progress=on_progress,
+        )
     batch = reward_batch(examples, rollout.texts, G, rollout.completion_tokens, trainer_state)
+    if rollout.episodes is not None:
+        batch.columns["episode"] = [e["messages"] for e in rollout.episodes]
     rewards, per_name = reward_set.score(batch)
+    if env_rewards is not None:
+        rewards = [r + e for r, e in zip(rewards, env_rewards)]
+        per_name = {**per_name, "environment": env_rewards}
     if s.overlong_penalty > 0:
         lengths = [len(c) for c in rollout.completion_tokens]
         penalty = overlong_penalty(lengths, s.max_new_tokens, s.overlong_buffer, s.overlong_penalty)

@@ -53,7 +53,10 @@ def make_micro_batches(rollout, advantages, s: UpdateSettings, world=SINGLE) -> 
     part = n // s.accumulation_steps
     size = s.micro_batch_size or part
     drop = [s.mask_truncated and cut for cut in rollout.truncated]
-    kept = [0 if d else len(c) for d, c in zip(drop, rollout.completion_tokens)]
+    # tokens the loss scores: a tool's tokens (rollout.trainable 0) are context, not the policy's
+    scored = [len(c) for c in rollout.completion_tokens] if rollout.trainable is None else [
+        sum(t) for t in rollout.trainable]
+    kept = [0 if d else n for d, n in zip(drop, scored)]
     starts = range(0, n, part)
     local = [float(sum(kept[s0:s0 + part])) for s0 in starts] + [float(sum(kept))]
     *part_tokens, step_tokens = world.mean(local)
@@ -72,6 +75,10 @@ def make_micro_batches(rollout, advantages, s: UpdateSettings, world=SINGLE) -> 
                 inputs, positions, targets, mask = pack_sequences(prompts, completions, pad_to=PAD_TO)
             if any(drop[i] for i in rows):
                 mask = mask * mx.array([0.0 if drop[i] else 1.0 for i in rows])[:, None]
+            if rollout.trainable is not None:  # tool tokens out of the loss, the KL, the entropy and the weights
+                T = mask.shape[1]
+                mask = mask * mx.array([list(rollout.trainable[i]) + [0.0] * (T - len(rollout.trainable[i]))
+                                        for i in rows])
             if rollout.sampling_logprobs is not None:
                 T = mask.shape[1]
                 shared["sampling_logp"] = mx.array(

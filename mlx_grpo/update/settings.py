@@ -24,6 +24,14 @@ def resolve_correction(cfg) -> str:
     return "token_truncate" if samples_another_distribution(cfg.generation) else "none"
 
 
+def _completion_cap(cfg) -> int:
+    """The most tokens a completion may have: max_new_tokens, or with tools the episode budget."""
+    gen, tools = cfg.generation, getattr(cfg, "tools", None)
+    if tools is not None and (tools.functions or tools.environment):
+        return gen.max_episode_tokens or gen.max_new_tokens * gen.max_turns
+    return gen.max_new_tokens
+
+
 @dataclass(frozen=True)
 class UpdateSettings:
     accumulation_steps: int  # training.gradient_accumulation_steps: parts of whole groups
@@ -39,7 +47,7 @@ class UpdateSettings:
     importance_sampling_level: str
     top_entropy_quantile: float
     temperature: float  # generation.temperature: the log-probs are of the sampled distribution
-    max_new_tokens: int  # generation.max_new_tokens: dr_grpo's normaliser
+    max_new_tokens: int  # generation.max_new_tokens (with tools, the episode budget): dr_grpo's normaliser
     shared_prefix: bool = True  # training.shared_prefix: each group's prompt runs once per pass
     # grpo.importance_sampling_correction with "auto" resolved (see `resolve_correction`)
     importance_sampling_correction: str = "none"
@@ -57,7 +65,7 @@ class UpdateSettings:
             epsilon=g.epsilon, epsilon_high=g.epsilon_high,
             importance_sampling_level=g.importance_sampling_level,
             top_entropy_quantile=g.top_entropy_quantile, temperature=gen.temperature,
-            max_new_tokens=gen.max_new_tokens,
+            max_new_tokens=_completion_cap(cfg),
             shared_prefix=t.shared_prefix,
             importance_sampling_correction=resolve_correction(cfg),
             importance_sampling_cap=g.importance_sampling_cap,

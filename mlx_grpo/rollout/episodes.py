@@ -1,6 +1,6 @@
 """Multi-turn tool-use rollouts: G episodes per prompt, decoded together in one continuous batch.
 
-A row decodes until its turn ends (its EOS, or the tool-call format's closing marker). When the
+A row decodes until its turn ends (its EOS token). When the
 turn calls tools, the row leaves the batch with its KV cache, its calls run on their own threads
 (tools/execute.py) while the other rows keep decoding, and when they are done the tool messages'
 tokens are appended and the row rejoins the batch from its own cache: the history is never
@@ -163,7 +163,7 @@ def generate_episodes(model, tokenizer, prompts: list[list[int]], episodes: list
     rows = [_Row(p, e) for p, e in zip(prompts, episodes)]
     state = _Episodes(model, tokenizer, rows, limits, fmt, schemas, timeout_s, template_kwargs)
     n = len(rows)
-    gen = BatchGenerator(model, max_tokens=limits.max_new_tokens, stop_tokens=_stops(tokenizer, fmt),
+    gen = BatchGenerator(model, max_tokens=limits.max_new_tokens, stop_tokens=_stops(tokenizer),
                          sampler=sampler, completion_batch_size=batch_size or n,
                          prefill_batch_size=min(batch_size or n, 64))
     picked, sampled = [], 0
@@ -202,9 +202,10 @@ def generate_episodes(model, tokenizer, prompts: list[list[int]], episodes: list
     return _rollout(tokenizer, rows, picked, sampling_logprob is not None, group_size, state)
 
 
-def _stops(tokenizer, fmt) -> list[list[int]]:
-    """The token sequences that end a turn: each EOS token, and the call format's closing marker."""
-    return [[t] for t in sorted(tokenizer.eos_token_ids)] + [tokenizer.encode(fmt.end, add_special_tokens=False)]
+def _stops(tokenizer) -> list[list[int]]:
+    """The tokens that end a turn: each EOS token. Not the call format's closing marker: a turn may
+    make several calls (Qwen writes one <tool_call> block each, then its EOS)."""
+    return [[t] for t in sorted(tokenizer.eos_token_ids)]
 
 
 def _rollout(tokenizer, rows: list[_Row], picked, keep_logprobs: bool, group_size: int, state) -> Rollout:

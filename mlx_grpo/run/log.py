@@ -32,7 +32,8 @@ class MetricsLog:
 
 class CompletionLog:
     """Appends the logged sample completions to `<output_dir>/completions.jsonl`, one line each:
-    {"step", "prompt", "completion", "reward", "rewards": {name: score, null where it gave none}}."""
+    {"step", "prompt", "completion", "reward", "rewards": {name: score, null where it gave none}},
+    and with tools the episode's "messages" (assistant and tool turns), "turns" and "tool_calls"."""
 
     def __init__(self, output_dir, fresh: bool = True):
         self.path = Path(output_dir) / COMPLETIONS
@@ -41,12 +42,15 @@ class CompletionLog:
             with naming(self.path):
                 self.path.write_text("")
 
-    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int) -> list[dict]:
-        """The first `count` samples of a step; per_name maps each reward's name to its scores.
-        Returns the rows written."""
+    def write(self, step: int, prompts, completions, rewards, per_name: dict, count: int,
+              episodes: list[dict] | None = None) -> list[dict]:
+        """The first `count` samples of a step; per_name maps each reward's name to its scores;
+        `episodes` (a tool rollout's, per row) adds each episode's messages. Returns the rows written."""
         rows = [{"step": step, "prompt": prompts[i], "completion": completions[i], "reward": float(rewards[i]),
                  "rewards": {name: None if scores[i] is None else float(scores[i]) for name, scores in per_name.items()}}
                 for i in range(min(count, len(completions)))]
+        for row, e in zip(rows, episodes or []):
+            row.update(messages=e["messages"], turns=e["turns"], tool_calls=e["tool_calls"])
         with naming(self.path), self.path.open("a") as f:
             f.writelines(json.dumps(row) + "\n" for row in rows)
         return rows
@@ -135,6 +139,8 @@ def format_step(m: dict, width: int = WIDTH) -> list[str]:
         f"{m['step_time']:.2f}s",
         f"{m['peak_memory_gb']:.2f}GB",
     ]
+    if "tools/call_frequency" in m:  # tool calls per episode, and the share of them that failed
+        parts.append(f"tools {m['tools/call_frequency']:.2f}/ep fail {m['tools/failure_frequency']:.2f}")
     if "time/judge" in m:  # the judge reward's share of the step
         parts.append(f"judging {m['time/judge']:.2f}s")
     return pack(parts, width)
@@ -156,6 +162,13 @@ def format_eval(m: dict, width: int = WIDTH) -> list[str]:
         name = _EVAL_NAMES.get(name, name)
         parts.append(f"{name} {value:.3f}" if isinstance(value, float) else f"{name} {value}")
     return pack(parts, width)
+
+
+def episode_text(messages: list[dict]) -> str:
+    """An episode on one line: the model's turns as they are, each tool message marked
+    `[tool NAME: CONTENT]`, so what the model wrote and what a tool answered stay apart."""
+    return " ".join(m["content"] if m["role"] == "assistant" else f"[tool {m.get('name') or '?'}: {m['content']}]"
+                    for m in messages)
 
 
 def format_sample(question: str, completion: str, reward: float, width: int = WIDTH) -> list[str]:

@@ -9,7 +9,7 @@ from mlx_grpo.config import save_config
 from mlx_grpo.run.console import Console, say, width
 from mlx_grpo.run.layout import CONFIG
 from mlx_grpo.run.log import (
-    CompletionLog, MetricsLog, format_eval, format_sample, format_step, format_summary, read_metrics,
+    CompletionLog, MetricsLog, episode_text, format_eval, format_sample, format_step, format_summary, read_metrics,
 )
 from mlx_grpo.run.trackers import Trackers
 from mlx_grpo.run.tripwires import Tripwires
@@ -40,11 +40,13 @@ class StepLog:
         step = metrics["step"]
         if step % self.every == 0 and trained:
             console.print("\n".join(format_step(metrics, width())))
+            episodes = drawn.rollout.episodes  # with tools: the turns, tool messages marked
             for i in range(min(self.completions, len(drawn.rollout.texts))):
-                sample = format_sample(drawn.questions[i], drawn.rollout.texts[i], drawn.rewards[i], width())
+                text = episode_text(episodes[i]["messages"]) if episodes else drawn.rollout.texts[i]
+                sample = format_sample(drawn.questions[i], text, drawn.rewards[i], width())
                 console.print("\n".join(sample))
             rows = self.samples.write(step, drawn.questions, drawn.rollout.texts, drawn.rewards, drawn.per_name,
-                                      self.completions)
+                                      self.completions, episodes)
             self.trackers.samples(step, rows)
         if any(key.startswith("eval/") for key in metrics):
             console.print("\n".join(format_eval(metrics, width())))

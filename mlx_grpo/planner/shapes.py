@@ -12,6 +12,7 @@ from pathlib import Path
 import struct
 
 from mlx_grpo.errors import ModelError
+from mlx_grpo.tools import completion_cap
 
 # Bytes per element of each safetensors dtype.
 DTYPE_BYTES = {"F64": 8, "F32": 4, "F16": 2, "BF16": 2, "I64": 8, "I32": 4, "U32": 4, "I16": 2,
@@ -270,7 +271,7 @@ def run_shape(cfg, dtype: str = "float32") -> RunShape:
         lora_layers=lo.num_layers, lora_targets=tuple(lo.target_modules), dora=lo.method == "dora",
         beta=cfg.grpo.beta,
         sequences=t.prompts_per_step * t.gradient_accumulation_steps * gen.num_generations,
-        decode_batch=gen.batch_size, max_prompt=cfg.data.max_prompt_tokens, max_new=gen.max_new_tokens,
+        decode_batch=gen.batch_size, max_prompt=cfg.data.max_prompt_tokens, max_new=completion_cap(cfg),
         part_rows=t.prompts_per_step * gen.num_generations, micro_batch=t.micro_batch_size,
         grad_checkpoint=t.grad_checkpoint, rollout_bits=gen.quantize_bits, shared_prefix=t.shared_prefix,
         group_size=gen.num_generations,

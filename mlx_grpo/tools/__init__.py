@@ -8,7 +8,8 @@ from pathlib import Path
 from mlx_grpo.tools.schema import ToolError, tool_schema
 from mlx_grpo.tools.toolbox import Episode, Toolset
 
-__all__ = ["Episode", "ToolError", "Toolset", "episode_tokens", "make_toolset", "tool_schema", "uses_tools"]
+__all__ = ["Episode", "ToolError", "Toolset", "completion_cap", "episode_tokens", "make_toolset", "tool_schema",
+           "uses_tools"]
 
 
 def uses_tools(cfg) -> bool:
@@ -18,6 +19,12 @@ def uses_tools(cfg) -> bool:
 def episode_tokens(gen) -> int:
     """The episode budget: generation.max_episode_tokens, or max_new_tokens per turn times max_turns."""
     return gen.max_episode_tokens or gen.max_new_tokens * gen.max_turns
+
+
+def completion_cap(cfg) -> int:
+    """The most tokens one completion may have: generation.max_new_tokens, or with tools the
+    episode budget (sampled and tool tokens). The memory plan and the worst-case probe size by it."""
+    return episode_tokens(cfg.generation) if uses_tools(cfg) else cfg.generation.max_new_tokens
 
 
 def make_toolset(cfg, config_path: str | None = None) -> Toolset | None:

@@ -7,6 +7,8 @@ that one value changed (`dataclasses.replace`), never a modified copy of the con
 
 from dataclasses import dataclass, replace
 
+from mlx_grpo.tools import completion_cap
+
 
 def samples_another_distribution(gen) -> bool:
     """Whether the rollout samples from a distribution other than softmax(logits / T) of the
@@ -22,14 +24,6 @@ def resolve_correction(cfg) -> str:
     if mode != "auto":
         return mode
     return "token_truncate" if samples_another_distribution(cfg.generation) else "none"
-
-
-def _completion_cap(cfg) -> int:
-    """The most tokens a completion may have: max_new_tokens, or with tools the episode budget."""
-    gen, tools = cfg.generation, getattr(cfg, "tools", None)
-    if tools is not None and (tools.functions or tools.environment):
-        return gen.max_episode_tokens or gen.max_new_tokens * gen.max_turns
-    return gen.max_new_tokens
 
 
 @dataclass(frozen=True)
@@ -65,7 +59,7 @@ class UpdateSettings:
             epsilon=g.epsilon, epsilon_high=g.epsilon_high,
             importance_sampling_level=g.importance_sampling_level,
             top_entropy_quantile=g.top_entropy_quantile, temperature=gen.temperature,
-            max_new_tokens=_completion_cap(cfg),
+            max_new_tokens=completion_cap(cfg),
             shared_prefix=t.shared_prefix,
             importance_sampling_correction=resolve_correction(cfg),
             importance_sampling_cap=g.importance_sampling_cap,

@@ -19,6 +19,7 @@ from mlx_grpo.distributed import SINGLE
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.rollout.sample import Rollout
+from mlx_grpo.tools import completion_cap
 from mlx_grpo.update.batches import prepare_batches
 
 # MLX keeps freed buffers for reuse up to its cache limit: 32 MiB by default on the CPU backend,
@@ -49,7 +50,7 @@ def worst_case_rollout(model, cfg, world=SINGLE) -> tuple[int, int]:
 
     t, gen = cfg.training, cfg.generation
     n = t.prompts_per_step // world.size * t.gradient_accumulation_steps * gen.num_generations
-    batch, tokens = min(gen.batch_size or n, n), cfg.data.max_prompt_tokens + gen.max_new_tokens
+    batch, tokens = min(gen.batch_size or n, n), cfg.data.max_prompt_tokens + completion_cap(cfg)
     was_training = model.training
     model.eval()
     try:
@@ -80,7 +81,7 @@ def worst_case_rows(cfg, world=SINGLE) -> Rollout:
     where the real worst case was 0.99 GB."""
     g = cfg.generation.num_generations
     groups = cfg.training.prompts_per_step // world.size
-    P, completion = cfg.data.max_prompt_tokens, [0] * cfg.generation.max_new_tokens
+    P, completion = cfg.data.max_prompt_tokens, [0] * completion_cap(cfg)
     prompts = [[k % 2] * P for k in range(groups) for _ in range(g)]  # neighbours differ: no two groups merge
     n = len(prompts)
     return Rollout(prompts, [completion] * n, [""] * n, [False] * n, g)
@@ -106,7 +107,7 @@ def worst_case_update(model, ref_model, grad_fn, settings, cfg, world=SINGLE) ->
         model.train(was_training)
         restore_rng(rng)
     del batch, loss, grads
-    return {"rows": batch_rows(cfg, rollout), "tokens": cfg.data.max_prompt_tokens + cfg.generation.max_new_tokens,
+    return {"rows": batch_rows(cfg, rollout), "tokens": cfg.data.max_prompt_tokens + completion_cap(cfg),
             "peak_gb": mx.get_peak_memory() / 1e9, "seconds": time.perf_counter() - tic}
 
 
@@ -117,4 +118,4 @@ def batch_rows(cfg, rollout: Rollout) -> int:
 
 def batch_shape(cfg, rollout: Rollout) -> str:
     return (f"{batch_rows(cfg, rollout)} rows x {cfg.data.max_prompt_tokens} prompt + "
-            f"{cfg.generation.max_new_tokens} completion tokens")
+            f"{completion_cap(cfg)} completion tokens")

@@ -269,6 +269,9 @@ def add_arguments(parser):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, e.g. --set lora.enabled=true (repeatable)")
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the report as JSON")
+    parser.add_argument("--tools", nargs="?", const="configs/tools_smoke.toml", metavar="PROFILE",
+                        help="bench a profile's multi-turn tool rollouts instead (default configs/tools_smoke.toml)")
+    parser.add_argument("--tool-seconds", type=float, default=0.0, help="with --tools: sleep this long in each call")
 
 
 def main(args) -> dict:
@@ -280,8 +283,15 @@ def main(args) -> dict:
     if args.prompt_tokens < 0:
         raise ConfigError(f"--prompt-tokens must be >= 0, got {args.prompt_tokens}")
     warn_if_slow(say)  # Linux without OpenBLAS: steps then take about 4x as long as with it
-    report = run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens)
-    print(format_report(report))
+    if args.tools:  # the profile, as given, with --set on top (commands/bench_tools.py)
+        from mlx_grpo.commands.bench_tools import format_tools_report, run_tools_bench
+
+        report = run_tools_bench(load_config(args.tools, args.overrides), args.tools, generation_limit, args.steps,
+                                 args.tool_seconds)
+        print(format_tools_report(report))
+    else:
+        report = run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens)
+        print(format_report(report))
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json_path).write_text(json.dumps(report, indent=2) + "\n")

@@ -38,7 +38,7 @@ SMALL_ARCH = {
     "intermediate_size": 1536,
 }
 SMALL_SEED = 0
-KNOWN = ("tiny", "small")
+KNOWN = ("tiny", "tiny-tools", "small")
 
 
 def cache_dir() -> Path:
@@ -49,6 +49,8 @@ def builtin_model_path(name: str) -> Path:
     """The local folder of built-in model `name`: the shipped tiny, or small built once."""
     if name == "tiny":
         return verified(SHIPPED / "tiny")
+    if name == "tiny-tools":  # tiny warm-started to call a calculator (scripts/build_tiny_tools.py)
+        return verified(SHIPPED / "tiny_tools")
     if name == "small":
         return _small_path()
     raise ModelError(f"model.path: unknown built-in model {name!r}; known: {', '.join(KNOWN)}")

@@ -142,3 +142,13 @@ def test_api_checks_tools_before_any_weight_loads(tmp_path):
         mlx_grpo.train(cfg, tools=add)
     with pytest.raises(ToolError, match="tools.environment"):
         mlx_grpo.train({**cfg, "tools": {"environment": "tests.test_tools_schema:NoReset"}})
+
+
+def test_eval_during_training_with_tools_is_refused_before_any_weight_loads(tmp_path):
+    import mlx_grpo
+    from mlx_grpo.config import ConfigError
+
+    cfg = {"model": {"path": str(tmp_path / "no-such-model")}, "output_dir": str(tmp_path / "run"),
+           "eval": {"every": 5}}
+    with pytest.raises(ConfigError, match="eval.every: evaluation during training samples single-turn"):
+        mlx_grpo.train(cfg, tools=[add])

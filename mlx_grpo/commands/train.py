@@ -26,7 +26,7 @@ from mlx_grpo.commands.evaluate import make_training_eval
 from mlx_grpo.commands.plan import check_memory, memory_first
 from mlx_grpo.commands.setup import Trainer, make_rewards, setup
 from mlx_grpo.commands.step import make_draw, prompt_stream, sample, skip_zero_signal, step_metrics, update
-from mlx_grpo.config import load_config
+from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.distributed import (
     RESUME_ENV, allreduce_bytes, check_world, init_world, lost_rank, sampling_seed,
@@ -79,6 +79,9 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     seed_everything(cfg.seed)
     reward_set = reward_set or make_rewards(cfg, config_path)
     toolset = toolset or make_toolset(cfg, config_path)  # a bad tool stops the run before any weight loads
+    if toolset and cfg.eval.every:
+        raise ConfigError("eval.every: evaluation during training samples single-turn completions, not episodes "
+                          "with tools; set eval.every = 0 (scripts/tools_learning.py evaluates episodes)")
     if world.is_main:
         check_installed(cfg.logging.report_to)  # before any model loads
         warn_if_slow(say)  # Linux without OpenBLAS: one line

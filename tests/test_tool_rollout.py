@@ -87,7 +87,7 @@ def _script(tokens):
     return lambda logprobs: mx.array([next(it, EOS)] * logprobs.shape[0])
 
 
-def run(tiny, monkeypatch, scripts, tools, environment=None, limits=None, timeout_s=5.0):
+def run(tiny, monkeypatch, scripts, tools, environment=None, limits=None, timeout_s=5.0, sampling_logprob=None):
     model, tokenizer = tiny
     monkeypatch.setattr(episodes_module, "BatchGenerator", Scripted)
     Scripted.scripts, Scripted.tokenizer, Scripted.finished_at = scripts, tokenizer, {}
@@ -98,7 +98,7 @@ def run(tiny, monkeypatch, scripts, tools, environment=None, limits=None, timeou
     limits = limits or EpisodeLimits(max_new_tokens=200, max_turns=4, max_tool_calls=0, max_tokens=1000)
     return generate_episodes(model, tokenizer, prompts, episodes, limits=limits, sampler=None,
                              fmt=ToolFormat.of(tokenizer), schemas=toolset.schemas, timeout_s=timeout_s,
-                             group_size=1, sampling_logprob=lambda lp, t: mx.zeros(t.shape))
+                             group_size=1, sampling_logprob=sampling_logprob or (lambda lp, t: mx.zeros(t.shape)))
 
 
 def ids(tokenizer, text):
@@ -120,6 +120,21 @@ def test_a_tool_result_is_appended_as_tokens_and_the_row_goes_on_from_its_cache(
     assert e["messages"][1] == {"role": "tool", "name": "add", "content": "5"} and e["messages"][2]["content"] == "5"
     assert r.truncated == [False, False] and r.episodes[1]["turns"] == 1
     assert "<|im_start|>tool\n5<|im_end|>" in r.texts[0]  # the rewards read the whole episode
+
+
+def test_the_continued_rows_saw_exactly_the_tokens_the_trainer_scores(tiny, monkeypatch):
+    """Each sampled token's log-prob as the rollout computed it (from the row's own cache, the tool
+    tokens appended) equals the trainer's, from one forward over prompt + episode."""
+    from mlx_grpo.algorithm.loss import completion_logprobs
+    from mlx_grpo.rollout.sample import make_sampling_logprob
+
+    r = run(tiny, monkeypatch, {0: [call("add", a=2, b=3), call("add", a=5, b=1), "6"], 1: ["9"]}, [add],
+            sampling_logprob=make_sampling_logprob(1.0, 1.0, 0, 0.0))
+    assert r.episodes[0]["turns"] == 3
+    for i in range(2):
+        trainer = completion_logprobs(tiny[0], [r.prompt_tokens[i]], [r.completion_tokens[i]])[0].tolist()
+        sampled = [(a, b) for a, b, m in zip(trainer, r.sampling_logprobs[i], r.trainable[i]) if m]
+        assert len(sampled) == sum(r.trainable[i]) and max(abs(a - b) for a, b in sampled) < 1e-4
 
 
 def test_a_slow_tool_holds_up_only_its_own_row(tiny, monkeypatch):

@@ -97,3 +97,26 @@ def test_episode_text_marks_the_tool_messages():
     messages = [{"role": "assistant", "content": "<tool_call>..</tool_call>"},
                 {"role": "tool", "name": "add", "content": "5"}, {"role": "assistant", "content": "5"}]
     assert episode_text(messages) == "<tool_call>..</tool_call> [tool add: 5] 5"
+
+
+def test_bench_tools_reports_the_wait_on_tools(monkeypatch):
+    """Every episode calls once and each call sleeps 0.3 s: all rows wait together, so the batch
+    idles about 0.3 s a step, and the tools' summed seconds are 0.3 per call."""
+    import mlx_lm
+
+    from mlx_grpo.commands.bench import generation_limit
+    from mlx_grpo.commands.bench_tools import format_tools_report, run_tools_bench
+    from mlx_grpo.config import load_config
+    from mlx_grpo.models.builtin import builtin_model_path
+
+    CallsOnce.tokenizer = mlx_lm.load(str(builtin_model_path("tiny")))[1]
+    monkeypatch.setattr(episodes_module, "BatchGenerator", CallsOnce)
+    profile = "configs/tools_smoke.toml"
+    cfg = load_config(profile, ["model.path=\"builtin:tiny\"", "training.prompts_per_step=2",
+                                "generation.num_generations=2"])
+    r = run_tools_bench(cfg, profile, generation_limit, steps=1, tool_seconds=0.3)
+    assert r["call_frequency"] == 1.0 and r["turns_per_episode"] == 2.0
+    assert 0.2 <= r["idle_s"] < r["rollout_s"] < r["step_s"]  # the first call started before the last row ended
+    assert r["tool_s"] == pytest.approx(4 * 0.3, abs=0.2)  # 4 calls that overlapped in time
+    assert r["idle_share"] == pytest.approx(r["idle_s"] / r["step_s"]) and r["batching_efficiency"] > 0
+    assert "batching efficiency" in format_tools_report(r)

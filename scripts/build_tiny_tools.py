@@ -7,8 +7,8 @@ what the build does.
 
 The targets are episodes of the task: with probability p(question) the model calls the
 calculator, reads the tool message (context, not a target) and answers with its result;
-otherwise it answers at once, a 3-digit sum it rarely gets right. p runs from 0.15 for a first
-operand in the 100s to 0.65 in the 900s, so the greedy choice differs between questions and GRPO
+otherwise it answers at once, a 3-digit sum it rarely gets right. p runs from 0.3 for a first
+operand in the 100s to 0.8 in the 900s, so the greedy choice differs between questions and GRPO
 has a behaviour to select. The tool message's tokens are made by the rollout's own
 `tool_turn_text`, so the warm start and the rollouts see the same ids. Like builtin:tiny, the
 result depends on the machine (BLAS, threads, backend): users load the shipped bytes.
@@ -43,7 +43,8 @@ from mlx_grpo.tools.calls import tool_turn_text  # noqa: E402
 
 # configs/tools_smoke.toml's data.system_prompt: the two forms a turn may take
 SYSTEM = "Answer as <answer>N</answer>, or call the calculator first."
-WARM_START = {"steps": 1200, "batch_size": 8, "learning_rate": 2e-3, "p_low": 0.15, "p_high": 0.65, "seed": 0}
+WARM_START = {"steps": 2000, "batch_size": 8, "learning_rate": 1e-3, "warmup": 50, "p_low": 0.3, "p_high": 0.8,
+              "seed": 0}
 
 
 def call_text(expression: str) -> str:
@@ -71,7 +72,7 @@ def episode_ids(tokenizer, row: dict, calls: bool, schemas) -> tuple[list[int], 
     return ids + answer, mask + [1.0] * len(answer)
 
 
-def warm_start(model, tokenizer, steps, batch_size, learning_rate, p_low, p_high, seed) -> None:
+def warm_start(model, tokenizer, steps, batch_size, learning_rate, warmup, p_low, p_high, seed) -> None:
     schemas = Toolset([calculator]).schemas
     rng = random.Random(seed)
     rows = sums_rows("train")
@@ -86,7 +87,8 @@ def warm_start(model, tokenizer, steps, batch_size, learning_rate, p_low, p_high
         ce = nn.losses.cross_entropy(model(batch[:, :-1]), batch[:, 1:])
         return (ce * mask).sum() / mask.sum()
 
-    schedule = optim.cosine_decay(learning_rate, steps, learning_rate / 10)
+    schedule = optim.join_schedules([optim.linear_schedule(learning_rate / 10, learning_rate, warmup),
+                                     optim.cosine_decay(learning_rate, steps - warmup, learning_rate / 10)], [warmup])
     optimizer = optim.AdamW(learning_rate=schedule, weight_decay=0.0)
     optimizer.init(model.trainable_parameters())
     state = [model.state, optimizer.state]

@@ -60,12 +60,15 @@ def test_a_run_with_tools_logs_its_episodes(tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(episodes_module, "BatchGenerator", CallsOnce)
     out = mlx_grpo.train("configs/smoke_test.toml", rewards=[right_after_tool], tools=[calculator],
                          output_dir=str(tmp_path / "run"), training={"max_steps": 2, "prompts_per_step": 2},
-                         generation={"max_turns": 3, "max_new_tokens": 128}, logging={"log_completions": 2})
+                         generation={"max_turns": 3, "max_new_tokens": 80}, logging={"log_completions": 2},
+                         grpo={"overlong_penalty": 1.0})
     rows = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
     m = rows[-1]
     assert m["tools/call_frequency"] == 1.0 and m["tools/failure_frequency"] == 0.0
     assert m["tools/calculator/calls"] == 1.0 and m["tools/turns_per_episode"] == 2.0
     assert m["rewards/right_after_tool/mean"] == 1.0 and m["tools/tool_tokens"] > 0
+    # DAPO's overlong penalty measures an episode against its budget (3 x 80), not one turn's 80
+    assert m["tools/episode_tokens"] > 80 and m["rewards/overlong_penalty/mean"] == 0.0
     # the loss saw the sampled tokens only: tokens_per_second counts those, not the tool's
     assert m["tools/episode_tokens"] > m["completions/mean_length"] - 1e-9
     assert m["loss"] == pytest.approx(0.0, abs=1e-6)  # equal rewards: no advantage

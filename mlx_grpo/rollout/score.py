@@ -140,7 +140,8 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: Samplin
         per_name = {**per_name, "environment": env_rewards}
     if s.overlong_penalty > 0:
         lengths = [len(c) for c in rollout.completion_tokens]
-        penalty = overlong_penalty(lengths, s.max_new_tokens, s.overlong_buffer, s.overlong_penalty)
+        cap = s.max_new_tokens if tools is None else tools.limits.max_tokens  # with tools: the episode budget
+        penalty = overlong_penalty(lengths, cap, s.overlong_buffer, s.overlong_penalty)
         rewards = [r + p for r, p in zip(rewards, penalty)]
         per_name = {**per_name, "overlong_penalty": penalty}
     return ScoredRollout(rollout, rewards, per_name, batch.prompts, [e.row for e in examples])

@@ -78,10 +78,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     out = Path(cfg.output_dir)
     seed_everything(cfg.seed)
     reward_set = reward_set or make_rewards(cfg, config_path)
-    toolset = toolset or make_toolset(cfg, config_path)  # a bad tool stops the run before any weight loads
-    if toolset and cfg.eval.every:
-        raise ConfigError("eval.every: evaluation during training samples single-turn completions, not episodes "
-                          "with tools; set eval.every = 0 (scripts/tools_learning.py evaluates episodes)")
+    toolset = checked_tools(cfg, config_path, toolset)  # a bad tool stops the run before any weight loads
     if world.is_main:
         check_installed(cfg.logging.report_to)  # before any model loads
         warn_if_slow(say)  # Linux without OpenBLAS: one line
@@ -154,6 +151,16 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
         return checkpoint_dir(out, t.max_steps)
     log.finish(ckpt, t.max_steps)
     return ckpt
+
+
+def checked_tools(cfg, config_path, toolset):
+    """The Python API's toolset, else the config's [tools] resolved (None without tools); with
+    tools, [eval] during training is refused (it samples single-turn completions)."""
+    toolset = toolset or make_toolset(cfg, config_path)
+    if toolset and cfg.eval.every:
+        raise ConfigError("eval.every: evaluation during training samples single-turn completions, not episodes "
+                          "with tools; set eval.every = 0 (scripts/tools_learning.py evaluates episodes)")
+    return toolset
 
 
 def announce(cfg, tr: Trainer, world) -> None:

@@ -123,3 +123,35 @@ def test_bench_tools_reports_the_wait_on_tools(monkeypatch):
     assert r["tool_s"] == pytest.approx(4 * 0.3, abs=0.2)  # 4 calls that overlapped in time
     assert r["idle_share"] == pytest.approx(r["idle_s"] / r["step_s"]) and r["batching_efficiency"] > 0
     assert "batching efficiency" in format_tools_report(r)
+
+
+class CalculatorEnv:
+    """One instance per episode: reset gets the row; its reward is 1 once the calculator ran."""
+
+    def reset(self, **row):
+        self.used, self.question = False, row["prompt"]
+        return None
+
+    def calculator(self, expression: str) -> str:
+        """Evaluate a sum."""
+        self.used = True
+        return calculator(expression)
+
+    def reward(self) -> float:
+        return float(self.used)
+
+
+def test_an_environment_reward_is_added_and_logged(tmp_path, monkeypatch):
+    import mlx_lm
+
+    import mlx_grpo
+    from mlx_grpo.models.builtin import builtin_model_path
+
+    CallsOnce.tokenizer = mlx_lm.load(str(builtin_model_path("tiny")))[1]
+    monkeypatch.setattr(episodes_module, "BatchGenerator", CallsOnce)
+    out = mlx_grpo.train("configs/smoke_test.toml", rewards=[right_after_tool], environment=CalculatorEnv,
+                         output_dir=str(tmp_path / "run"), training={"max_steps": 1, "prompts_per_step": 2},
+                         generation={"max_turns": 3, "max_new_tokens": 128})
+    m = json.loads((out / "metrics.jsonl").read_text().splitlines()[-1])
+    assert m["rewards/environment/mean"] == 1.0 and m["rewards/right_after_tool/mean"] == 1.0
+    assert m["reward"] == 2.0 and m["tools/calculator/calls"] == 1.0

@@ -165,6 +165,23 @@ def test_a_hub_id_in_offline_mode_is_one_line_in_a_fresh_process(tmp_path, key):
     assert f"mlx-grpo: error: {key}: cannot load 'nobody/no-such-thing' from the hub" in done.stderr
 
 
+def test_convert_of_a_hub_id_in_offline_mode_is_trains_one_line_naming_hf_path(tmp_path):
+    """Issue 26: `convert --hf-path` offline gives the same one line as train's, naming --hf-path
+    (it was '--mlx-path ...: converting ... failed', the line of a full disk)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    done = subprocess.run([sys.executable, "-m", "mlx_grpo", "convert", "--hf-path", "nobody/no-such-thing",
+                           "--mlx-path", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("mlx-grpo: error: --hf-path: cannot load 'nobody/no-such-thing' from the hub ("), lines[0]
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp*"))
+
+
 # --- report on a damaged metrics.jsonl --------------------------------------------------------
 
 def test_report_skips_damaged_metrics_lines_with_a_warning_naming_them(tmp_path, capsys):

@@ -81,7 +81,14 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
             quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
                           q_group_size=q_group_size if quantize else None, dtype=dtype,
                           trust_remote_code=trust_remote_code)
-    except (OSError, RuntimeError) as e:  # a full disk; MLX raises RuntimeError for its writes
+    except Exception as e:
+        if type(e).__module__.startswith("huggingface_hub") and not Path(source).expanduser().exists():
+            # offline or not found on the hub (its errors are OSErrors too): train's line, naming the flag
+            raise ModelError(f"--hf-path: cannot load {hf_path!r} from the hub ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:300]})") from e
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
+        # a full disk; MLX raises RuntimeError for its writes
         reason = getattr(e, "strerror", None) or " ".join(str(e).split())
         raise ModelError(f"--mlx-path {mlx_path}: converting {hf_path} failed ({reason}); "
                          "nothing was left there or beside it") from e

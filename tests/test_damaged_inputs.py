@@ -119,6 +119,21 @@ def test_a_missing_local_model_path_is_a_missing_folder_not_a_hub_error(tmp_path
     _one_line_error(capsys, f"model.path: folder {value!r} does not exist")
 
 
+@pytest.mark.parametrize("value", ["models/x", "./x", "no/such/folder"])
+def test_plan_and_train_call_a_missing_local_model_path_a_missing_folder_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                                   value):
+    """plan said 'models/x is neither a local folder nor in the Hugging Face cache
+    (LocalEntryNotFoundError); download it first', and train printed that as 'memory not checked'
+    before the loader's line: a local-looking path is a missing folder there too (issue 26)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    assert cli.main(["plan", "--config", SMOKE, "--set", f'model.path="{value}"']) == 2
+    line = _one_line_error(capsys, f"model.path: folder {value!r} does not exist")
+    assert _train(tmp_path, f'model.path="{value}"', f'data.dataset="{_data(tmp_path)}"') == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [line], err  # no 'memory not checked' line before it
+
+
 def _data(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "1+1", "answer": "2"}\n')

@@ -51,9 +51,13 @@ def model_folder(path: str, setting: str = "model.path") -> Path:
     folder, or a hub id already in the Hugging Face cache (nothing is downloaded)."""
     from mlx_grpo.models.load import resolve_model_path
 
+    from mlx_grpo.config.paths import is_local_path
+
     local = Path(resolve_model_path(path)).expanduser()
     if local.is_dir():
         return local
+    if is_local_path(path):  # a path, never a hub id: the loader's own line
+        raise MemoryPlanError(f"{setting}: folder {path!r} does not exist")
     try:
         from huggingface_hub import snapshot_download
 

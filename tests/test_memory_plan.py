@@ -165,4 +165,4 @@ def test_plan_prints_the_peak_at_the_datas_own_longest_prompt(tmp_path, capsys):
     result = json.loads((tmp_path / "p.json").read_text())
     assert result["data_prompt_tokens"] == 40
     assert 0.2 < result["data_peak_gb"] < result["peak_gb"] / 2
-    assert f"peak on this data" in out and "its longest prompt, 40 tokens" in out
+    assert "peak on this data" in out and "its longest prompt, 40 tokens" in out

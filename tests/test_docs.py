@@ -2,7 +2,8 @@
 
 A block whose fence has `<!-- needs: WHAT -->` on the line before it is not run (WHAT is one of
 NEEDS: the internet, a Mac, minutes of work, an optional extra, a terminal); `<!-- output -->`
-marks printed output. Every other block runs, in a scratch folder per page that links to
+marks printed output or a quoted value; `<!-- file: NAME -->` is a file the page has you write,
+written there before the block runs or is parsed. Every other block runs, in a scratch folder per page that links to
 configs/, data/ and examples/, in the page's order (a later block may use a run an earlier one
 made): each `uv run mlx-grpo ...` line goes to `mlx_grpo.cli.main` in-process, cut small
 (SMALL below: a training run to one step of two prompts, an eval to four prompts); Python blocks
@@ -26,7 +27,7 @@ ROOT = Path(__file__).resolve().parent.parent
 PAGES = [ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md"))]
 NEEDS = {"hub", "net", "mac", "slow", "extra", "interactive"}
 FENCE = re.compile(r"^```(\w*)\n(.*?)^```$", re.S | re.M)
-MARK = re.compile(r"<!-- (?:needs: (\w+)|(output)) -->")
+MARK = re.compile(r"<!-- (?:needs: (\w+)|(output)|file: (\S+)) -->")
 TRAIN_SMALL = ["--set", "training.max_steps=1", "--set", "training.prompts_per_step=2",
                "--set", "generation.max_new_tokens=16"]
 SMALL = {"eval": ["--limit", "4"], "generate": ["--max-tokens", "16"], "bench": ["--steps", "1"],
@@ -41,7 +42,7 @@ def blocks(page: Path) -> list[dict]:
         before = text[:m.start()].rstrip("\n").rsplit("\n", 1)[-1] if text[:m.start()].endswith("\n") else ""
         mark = MARK.fullmatch(before.strip())
         out.append({"line": text.count("\n", 0, m.start()) + 1, "lang": m[1], "body": m[2],
-                    "mark": (mark[1] or mark[2]) if mark else None})
+                    "mark": (mark[1] or mark[2]) if mark else None, "file": mark[3] if mark else None})
     return out
 
 
@@ -115,6 +116,8 @@ def test_the_pages_blocks_run(page, tmp_path, monkeypatch):
     ran = 0
     for b in blocks(page):
         if b["mark"] is None and b["lang"] in RUNNERS:
+            if b["file"]:  # the block is a file the page has you write; later blocks use it
+                Path(b["file"]).write_text(b["body"])
             RUNNERS[b["lang"]](b, f"{_name(page)}:{b['line']}")
             ran += 1
     assert ran, f"{_name(page)} runs no example"

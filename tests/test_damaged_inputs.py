@@ -160,7 +160,7 @@ def test_a_data_set_that_is_not_there_fails_fast_naming_data_dataset(tmp_path, c
     assert _train(tmp_path, f'data.dataset="{value}"') == 2
     assert time.monotonic() - tic < 10
     needle = "from the hub" if value.startswith("nobody") else "does not exist"
-    _one_line_error(capsys, f"data.dataset", value, needle)
+    _one_line_error(capsys, "data.dataset", value, needle)
 
 
 @pytest.mark.parametrize("key", ["model.path", "data.dataset"])

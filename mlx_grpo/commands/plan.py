@@ -192,7 +192,7 @@ def check_memory(cfg, memory_gb: float | None) -> None:
 def worst_case_wanted(cfg) -> bool:
     """training.worst_case_first; "auto" is on when the predicted peak is above half the device's
     memory, or when it cannot be predicted. Below that the probe is skipped: on the smoke
-    profile it costs more than its worth (README, "What fits in memory")."""
+    profile it costs more than its worth (docs/memory.md, "Worst case first")."""
     mode = cfg.training.worst_case_first
     if mode != "auto":
         return mode == "always"

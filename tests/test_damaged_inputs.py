@@ -299,6 +299,14 @@ def test_a_missing_local_model_is_one_line_naming_the_flag_typed(tmp_path, capsy
     _one_line_error(capsys, f"{flag} runs/typo: no such folder")
 
 
+def test_bench_on_a_missing_local_model_names_model_as_typed(tmp_path, capsys, monkeypatch):
+    """`bench --model runs/typo` said 'model.path: folder ... does not exist', a key the user never typed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["bench", "--steps", "1", "--model", "runs/typo"]) == 2
+    _one_line_error(capsys, "--model runs/typo: no such folder")
+
+
 @pytest.mark.parametrize("command", list(_MODEL_COMMANDS))
 def test_a_hub_model_with_a_hub_that_never_answers_is_one_line_naming_the_flag(tmp_path, capsys, silent_hub,
                                                                              monkeypatch, command):

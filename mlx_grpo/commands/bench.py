@@ -41,6 +41,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_grpo.commands import roofline
 from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
@@ -280,6 +281,8 @@ def main(args) -> dict:
     """Run the benchmark from parsed `add_arguments` options; prints the table."""
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.model and is_local_path(args.model) and not Path(args.model).expanduser().exists():
+        raise ConfigError(f"--model {args.model}: no such folder")  # a path, never a hub id
     path = args.model or SIZES[args.size]
     cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
     if args.prompt_tokens < 0:

@@ -66,6 +66,20 @@ def test_export_again_onto_its_own_earlier_export_with_force(run, tmp_path, caps
     assert (out / "config.json").is_file()
 
 
+def test_export_force_refuses_a_folder_that_holds_no_model_and_deletes_nothing(run, tmp_path, capsys):
+    """`--out ~ --force` (a typo, a folder of notes) must not delete what is there: --force replaces
+    an earlier model folder only."""
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (home / name).write_text(name)
+    before = _files(home)
+    assert main(["export", str(run), "--out", str(home), "--force"]) == 2
+    one_line_error(capsys, f"--out {home}: holds no model (no config.json; it holds a.txt, b.txt, c.txt, ...); "
+                           "--force replaces only a model folder; choose another folder")
+    assert _files(home) == before
+
+
 def test_export_to_a_fresh_folder_beside_the_run_still_works(run, tmp_path, capsys):
     assert main(["export", str(run), "--out", str(tmp_path / "fused")]) == 0
     assert (tmp_path / "fused" / "config.json").is_file()

@@ -32,8 +32,10 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
     dst = Path(dst).expanduser()
     if dst.exists() and not dst.is_dir():
         raise ModelError(f"{flag} {dst}: exists and is not a folder")
-    if dst.is_dir() and any(dst.iterdir()) and not force:
-        raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+    if dst.is_dir() and any(dst.iterdir()):
+        if not force:
+            raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+        _check_model_folder(dst, flag)
     _remove_abandoned(dst)
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -45,6 +47,19 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
         tmp.rename(dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+MODEL_MARKERS = ("config.json", "adapter_config.json")
+
+
+def _check_model_folder(dst: Path, flag: str) -> None:
+    """--force replaces a model folder (an earlier export or convert), never a folder of anything
+    else: `--out ~ --force` must not delete a home folder."""
+    if not any((dst / name).is_file() for name in MODEL_MARKERS):
+        names = sorted(p.name for p in dst.iterdir())
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ModelError(f"{flag} {dst}: holds no model (no config.json; it holds {shown}); --force replaces "
+                         "only a model folder; choose another folder")
 
 
 def _remove_abandoned(dst: Path) -> None:

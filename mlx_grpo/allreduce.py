@@ -7,7 +7,7 @@ parameters first: the backward pass makes the last layers' gradients first. Each
 `all_sum` on the communication stream; its sum is divided by the number of ranks in float32 and
 cast back to each gradient's dtype. Summing bfloat16 gradients in float32 and rounding once
 keeps the mean as exact as one rounding allows; a bfloat16 reduction rounds each rank's
-gradient and every partial sum (README, "Scaling over several Macs", has the error measured on a
+gradient and every partial sum (docs/benchmarks.md, "The gradient all-reduce", has the error measured on a
 real update).
 
 MLX evaluates lazily: the update leaves its last micro-batch's gradients unevaluated

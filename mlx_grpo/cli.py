@@ -28,6 +28,14 @@ COMMANDS = {  # name: (module, one-line help)
                      "one host's answer to `launch --check`, one JSON line: versions, hashes, backends, memory"),
 }
 
+DOCS = {  # name: the page of docs/ that explains it, named at the end of its --help
+    "train": "docs/getting-started.md (every key: docs/configuration.md; the algorithm: docs/algorithm.md)",
+    "report": "docs/monitoring.md", "sweep": "docs/monitoring.md",
+    "convert": "docs/models.md", "export": "docs/models.md", "generate": "docs/models.md", "chat": "docs/models.md",
+    "eval": "docs/models.md#evaluation", "plan": "docs/memory.md", "bench": "docs/benchmarks.md",
+    "config": "docs/configuration.md", "launch": "docs/several-macs.md", "launch-probe": "docs/several-macs.md",
+}
+
 
 def build_parser():
     """The parser and, per sub-command, its `main`."""
@@ -35,6 +43,7 @@ def build_parser():
         prog="mlx-grpo",
         description="GRPO fine-tuning of language models with MLX. "
         "`mlx-grpo --config FILE` is the same as `mlx-grpo train --config FILE`.",
+        epilog="docs: README.md, then docs/getting-started.md; each command's --help names its page.",
     )
     from mlx_grpo import __version__
 
@@ -43,7 +52,7 @@ def build_parser():
     runners = {}
     for name, (module_name, help) in COMMANDS.items():
         module = importlib.import_module(module_name)
-        module.add_arguments(subs.add_parser(name, help=help, description=help))
+        module.add_arguments(subs.add_parser(name, help=help, description=help, epilog=f"docs: {DOCS[name]}"))
         runners[name] = module.main
     return parser, runners
 

@@ -1,4 +1,4 @@
-"""The README's memory table for the hub profiles: `mlx-grpo plan` for each on 16, 24, 32 and
+"""docs/memory.md's table for the hub profiles: `mlx-grpo plan` for each on 16, 24, 32 and
 64 GB Macs, without downloading a model.
 
     uv run python scripts/hub_memory_table.py

@@ -1,4 +1,4 @@
-"""Does the smoke run learn on every float path? The table the README quotes.
+"""Does the smoke run learn on every float path? The table docs/benchmarks.md quotes.
 
     uv run python scripts/learning_table.py                       # 5 seeds x 4 float paths
     uv run python scripts/learning_table.py --seeds 0 --paths openblas

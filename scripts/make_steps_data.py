@@ -1,5 +1,5 @@
 """Write the worked example's data, data/steps_train.jsonl and data/steps_test.jsonl (see
-data/SOURCES.md and the README's "Your own task").
+data/SOURCES.md and docs/data-and-rewards.md).
 
     uv run python scripts/make_steps_data.py [--out data]
 

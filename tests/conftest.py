@@ -1,4 +1,3 @@
-import os
 
 import mlx.core as mx
 import pytest

@@ -1,6 +1,5 @@
 import math
 
-import mlx.core as mx
 import numpy as np
 import pytest
 

@@ -106,14 +106,14 @@ def test_bad_option_values_are_rejected():
     assert load_config(None, ["grpo.overlong_buffer=64", "generation.max_new_tokens=32"]).grpo.overlong_buffer == 64
 
 
-def test_readme_algorithm_commands_parse_and_set_the_options():
+def test_docs_algorithm_commands_parse_and_set_the_options():
     import re
     import shlex
     from pathlib import Path
 
     from mlx_grpo.cli import build_parser
 
-    text = Path("README.md").read_text().split("## Algorithm options", 1)[1].split("\n## ", 1)[0]
+    text = Path("docs/algorithm.md").read_text()
     blocks = [b.replace("\\\n", " ") for b in re.findall(r"```bash\n(.*?)```", text, re.S)]
     commands = [line for b in blocks for line in b.splitlines() if line.startswith("uv run mlx-grpo ")]
     assert len(blocks) == 4 and len(commands) == 5
@@ -130,18 +130,27 @@ def test_readme_algorithm_commands_parse_and_set_the_options():
     assert corrections == ["none"] * 3 + ["token_truncate"] * 2  # top_p = 0.7 and an 8-bit copy turn it on
 
 
-def test_readme_training_commands_run_one_after_another():
-    """Every training command of the README, in order, starts in a folder no earlier one used,
+def test_docs_training_commands_run_one_after_another():
+    """Every training command of each page (the README, docs/*.md), in order, starts in a folder no earlier one used,
     unless it says --resume or --overwrite (a folder holding a run is refused otherwise)."""
-    import re
-    import shlex
     from pathlib import Path
 
     from mlx_grpo.cli import build_parser
 
-    blocks = re.findall(r"```bash\n(.*?)```", Path("README.md").read_text(), re.S)
-    lines = [ln for b in blocks for ln in b.replace("\\\n", " ").splitlines() if "mlx-grpo " in ln]
     parser, _ = build_parser()
+    checked = 0
+    for page in [Path("README.md"), *sorted(Path("docs").glob("*.md"))]:
+        checked += _one_after_another(page, parser)
+    assert checked >= 8
+
+
+def _one_after_another(page, parser) -> int:
+    import re
+    import shlex
+    from pathlib import Path
+
+    blocks = re.findall(r"```bash\n(.*?)```", page.read_text(), re.S)
+    lines = [ln for b in blocks for ln in b.replace("\\\n", " ").splitlines() if "mlx-grpo " in ln]
     used, checked = set(), 0
     for line in lines:
         words = shlex.split(line, comments=True)
@@ -152,6 +161,8 @@ def test_readme_training_commands_run_one_after_another():
         if not words or words[0] not in ("train", "--config"):
             continue
         args = parser.parse_args(["train", *words[words[0] == "train":]])
+        if not Path(args.config).exists():  # a profile an earlier line of the page writes (config --show > FILE)
+            continue
         out = load_config(args.config, args.overrides).output_dir
         if args.resume:
             assert out in used, line
@@ -159,4 +170,4 @@ def test_readme_training_commands_run_one_after_another():
             assert out not in used, f"refused, {out} already holds a run: {line}"
         used.add(out)
         checked += 1
-    assert checked >= 8
+    return checked

@@ -1,5 +1,5 @@
 """The Python API, `mlx_grpo.train`: the same run as the command line, reward functions and rows
-given as Python objects, overrides checked as `--set` items are, and the README's example."""
+given as Python objects, overrides checked as `--set` items are, and the docs' example."""
 
 import re
 import sys
@@ -86,13 +86,13 @@ def test_keyword_overrides_are_checked_as_set_items_are(tmp_path, overrides, mes
     assert not (tmp_path / "run").exists()
 
 
-def test_the_readme_example_runs(tmp_path):
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+def test_the_docs_example_runs(tmp_path):
+    readme = (Path(__file__).parent.parent / "docs" / "data-and-rewards.md").read_text()
     code = re.search(r"## Python API\n.*?```python\n(.*?)```", readme, re.S).group(1)
     assert len(code.strip().splitlines()) <= 10
-    assert '"runs/python_api"' in code and '"max_steps": 20' in code
-    code = code.replace('"runs/python_api"', repr(str(tmp_path / "run"))).replace('"max_steps": 20', '"max_steps": 1')
-    exec(compile(code, "README.md", "exec"), {})
+    assert '"runs/python_api"' in code and '"max_steps": 2,' in code
+    code = code.replace('"runs/python_api"', repr(str(tmp_path / "run"))).replace('"max_steps": 2,', '"max_steps": 1,')
+    exec(compile(code, "docs/data-and-rewards.md", "exec"), {})
     assert [r["step"] for r in read_metrics(tmp_path / "run")] == [1]
 
 

@@ -32,6 +32,12 @@ def test_bench_writes_a_complete_report(tmp_path, capsys):
                 "forward_backward_tokens_per_s", "peak_memory_gb", "update_memory_over_forward_backward"]:
         assert r[key] > 0, key
     assert r["step_over_limit"] == r["step"]["total_s"] / r["limit"]["total_s"]
+    assert set(r["machine"]) == {"matmul_float32_flops", "copy_bytes_per_s"} and min(r["machine"].values()) > 0
+    for row in r["per_step"]:  # the work follows the step's tokens: tiny's counts (tests/test_roofline.py)
+        tokens = row["step"]["completion_tokens"]
+        a = row["achieved"]
+        assert a["update_share_of_matmul"] == a["update_flops"] / row["step"]["update_s"] / r["machine"]["matmul_float32_flops"]
+        assert a["rollout_flops"] > 2 * 786_432 * tokens
 
 
 def test_bench_rejects_zero_steps(capsys):

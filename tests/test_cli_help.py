@@ -2,6 +2,7 @@
 --set pointed at its section."""
 
 import argparse
+import re
 
 import pytest
 
@@ -23,6 +24,20 @@ def test_every_option_of_every_command_has_help():
     missing = [f"{name} {action.option_strings or action.dest}" for name, sub in subs.choices.items()
                for action in sub._actions if not action.help and action.dest != "help"]
     assert not missing
+
+
+def test_every_command_s_help_names_its_docs_page(capsys):
+    """`mlx-grpo --help` and each command's --help end by naming a page of docs/ that exists."""
+    from pathlib import Path
+
+    from mlx_grpo.cli import COMMANDS
+
+    root = Path(__file__).resolve().parent.parent
+    for argv in [[], *([name] for name in COMMANDS)]:
+        with pytest.raises(SystemExit):
+            main([*argv, "--help"])
+        pages = re.findall(r"docs/[\w-]+\.md", capsys.readouterr().out)
+        assert pages and all((root / p).exists() for p in pages), (argv, pages)
 
 
 @pytest.mark.parametrize(("item", "hint"), [

@@ -10,7 +10,6 @@ import contextlib
 import dataclasses
 import io
 import math
-import os
 import tempfile
 import types
 import typing

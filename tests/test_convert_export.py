@@ -262,7 +262,7 @@ def test_adapter_config_names_a_loadable_base_and_checkpoints_carry_a_model_card
     card = (step2 / "README.md").read_text()
     assert card.startswith("---\nlibrary_name: mlx\n") and f"base_model: {base}\n" in card
     assert "started with: `" in card and "mlx-grpo train --config CHECKPOINT/config.toml" in card
-    assert f"--adapter-path CHECKPOINT" in card and "--system-prompt" in card
+    assert "--adapter-path CHECKPOINT" in card and "--system-prompt" in card
     metrics = [json.loads(line) for line in (lora_run / "metrics.jsonl").read_text().splitlines()]
     assert f"| `reward` | {metrics[1]['reward']:.4g} |" in card
     assert (step2 / "config.toml").read_text().strip() in card

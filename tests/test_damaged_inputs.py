@@ -119,6 +119,21 @@ def test_a_missing_local_model_path_is_a_missing_folder_not_a_hub_error(tmp_path
     _one_line_error(capsys, f"model.path: folder {value!r} does not exist")
 
 
+@pytest.mark.parametrize("value", ["models/x", "./x", "no/such/folder"])
+def test_plan_and_train_call_a_missing_local_model_path_a_missing_folder_in_one_line(tmp_path, capsys, monkeypatch,
+                                                                                   value):
+    """plan said 'models/x is neither a local folder nor in the Hugging Face cache
+    (LocalEntryNotFoundError); download it first', and train printed that as 'memory not checked'
+    before the loader's line: a local-looking path is a missing folder there too (issue 26)."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "models").mkdir()
+    assert cli.main(["plan", "--config", SMOKE, "--set", f'model.path="{value}"']) == 2
+    line = _one_line_error(capsys, f"model.path: folder {value!r} does not exist")
+    assert _train(tmp_path, f'model.path="{value}"', f'data.dataset="{_data(tmp_path)}"') == 2
+    err = capsys.readouterr().err
+    assert err.strip().splitlines() == [line], err  # no 'memory not checked' line before it
+
+
 def _data(tmp_path):
     path = tmp_path / "d.jsonl"
     path.write_text('{"prompt": "1+1", "answer": "2"}\n')
@@ -145,7 +160,7 @@ def test_a_data_set_that_is_not_there_fails_fast_naming_data_dataset(tmp_path, c
     assert _train(tmp_path, f'data.dataset="{value}"') == 2
     assert time.monotonic() - tic < 10
     needle = "from the hub" if value.startswith("nobody") else "does not exist"
-    _one_line_error(capsys, f"data.dataset", value, needle)
+    _one_line_error(capsys, "data.dataset", value, needle)
 
 
 @pytest.mark.parametrize("key", ["model.path", "data.dataset"])
@@ -163,6 +178,23 @@ def test_a_hub_id_in_offline_mode_is_one_line_in_a_fresh_process(tmp_path, key):
     assert time.monotonic() - tic < 30  # the interpreter and its imports take most of it
     assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
     assert f"mlx-grpo: error: {key}: cannot load 'nobody/no-such-thing' from the hub" in done.stderr
+
+
+def test_convert_of_a_hub_id_in_offline_mode_is_trains_one_line_naming_hf_path(tmp_path):
+    """Issue 26: `convert --hf-path` offline gives the same one line as train's, naming --hf-path
+    (it was '--mlx-path ...: converting ... failed', the line of a full disk)."""
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_HOME": str(tmp_path / "hf")}  # an empty cache
+    done = subprocess.run([sys.executable, "-m", "mlx_grpo", "convert", "--hf-path", "nobody/no-such-thing",
+                           "--mlx-path", str(tmp_path / "out")], env=env, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and "Traceback" not in done.stderr, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("mlx-grpo: error: --hf-path: cannot load 'nobody/no-such-thing' from the hub ("), lines[0]
+    assert not (tmp_path / "out").exists() and not list(tmp_path.glob(".out.tmp*"))
 
 
 # --- report on a damaged metrics.jsonl --------------------------------------------------------
@@ -265,6 +297,14 @@ def test_a_missing_local_model_is_one_line_naming_the_flag_typed(tmp_path, capsy
     argv, flag = _MODEL_COMMANDS[command]
     assert cli.main([*argv, "runs/typo"]) == 2
     _one_line_error(capsys, f"{flag} runs/typo: no such folder")
+
+
+def test_bench_on_a_missing_local_model_names_model_as_typed(tmp_path, capsys, monkeypatch):
+    """`bench --model runs/typo` said 'model.path: folder ... does not exist', a key the user never typed."""
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "runs").mkdir()
+    assert cli.main(["bench", "--steps", "1", "--model", "runs/typo"]) == 2
+    _one_line_error(capsys, "--model runs/typo: no such folder")
 
 
 @pytest.mark.parametrize("command", list(_MODEL_COMMANDS))

@@ -253,3 +253,17 @@ def test_eval_config_keys_are_checked():
         load_config(SMOKE, ["eval.num_samples=0"])
     with pytest.raises(ConfigError, match=r"unknown key 'eval.evrey' \(did you mean 'eval.every'\?\)"):
         load_config(SMOKE, ["eval.evrey=5"])
+
+
+@pytest.mark.parametrize("overwrite", [False, True])
+def test_an_out_that_is_a_folder_is_one_line_asking_for_a_file(tmp_path, overwrite):
+    """`eval --out DIR` said 'file exists; pass --overwrite', and with --overwrite '[Errno 21] Is a
+    directory' (naming no flag): the advice it gave could not work."""
+    from mlx_grpo.commands.evaluate import output_path
+    from mlx_grpo.errors import UserError
+
+    folder = tmp_path / "results"
+    folder.mkdir()
+    with pytest.raises(UserError, match=rf"^--out {re.escape(str(folder))}: is a folder; give a file, e.g. "
+                                        rf"--out {re.escape(str(folder / 'eval.json'))}$"):
+        output_path(str(folder), None, "test", "m", overwrite)

@@ -180,6 +180,33 @@ def test_a_run_with_a_tiny_judge_logs_its_share_of_the_step(tmp_path, capsys):
     assert re.search(r"\| judging \d+\.\d\ds", capsys.readouterr().out)  # on the step's console line
 
 
+def test_a_run_whose_judge_gives_no_score_counts_it_in_the_end_of_run_warnings(tmp_path, capsys):
+    """A judge cut at one token scores nothing: the warning printed at step 1 is counted in the
+    summary's warnings and named at the end, as the live warnings are (it read '0 warnings')."""
+    from mlx_grpo.commands.train import train
+    from mlx_grpo.run.log import read_metrics
+
+    cfg = load_config("configs/smoke_test.toml", [
+        "training.max_steps=2", "training.prompts_per_step=2", "generation.max_new_tokens=16",
+        'rewards=[{name="gsm8k_correctness"}, {name="judge", model="builtin:tiny", max_new_tokens=1}]',
+        f'output_dir="{tmp_path / "run"}"', "checkpoint.save_every=10", "logging.log_completions=0",
+    ])
+    train(cfg)
+    rows = read_metrics(cfg.output_dir)
+    assert [r["judge/unparsed"] for r in rows] == [8.0, 8.0]  # 2 prompts x G = 4, every reply unread
+    from checks import unwrap
+
+    lines = unwrap(capsys.readouterr().out)  # the console's lines, continuations joined back on
+    assert sum(line.startswith("mlx-grpo: warning: the judge gave no score") for line in lines) == 1  # once
+    assert "mlx-grpo: the judge gave no score for 16 completions in 2 steps (judge/unparsed)" in lines
+    # 16-token completions also trip length_cap and truncated_rewarded at both steps: 2 + 2 + the judge's 2
+    assert "mlx-grpo: warnings this run: length_cap x2 (first at step 1)" in lines
+    assert "mlx-grpo: tripwires this run: truncated_rewarded x2 (first at step 1)" in lines
+    assert any(line.startswith("mlx-grpo: done after step 2 of 2,") and line.endswith(", 6 warnings")
+               for line in lines), "\n".join(lines)
+    assert "mlx-grpo:   judge scored no completion (None for every one)" in lines
+
+
 def test_plan_holds_the_judges_weights_and_kv_cache_as_a_phase():
     from mlx_grpo.commands.plan import plan
 

@@ -5,7 +5,7 @@ only output_dir changed), then `mlx-grpo eval` of the base and of the trained ru
 held-out questions of builtin:arithmetic, greedy. The base is the shipped builtin:tiny, so its
 score is one number everywhere; the trained run differs with the seed and with every change
 of float rounding (BLAS, threads, Metal), and the margins below held on each of 5 seeds x 4
-float paths (`scripts/learning_table.py`; the table is in the README).
+float paths (`scripts/learning_table.py`; the table is in docs/benchmarks.md).
 """
 
 import json

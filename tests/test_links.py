@@ -26,7 +26,7 @@ sys.path.pop(0)
 def test_ring_allreduce_time_is_latency_per_exchange_plus_its_share_of_the_bytes():
     link = Link(bandwidth=100e6, latency=1e-3, source="")
     assert allreduce_seconds(1, 4e8, link) == 0.0  # one Mac: nothing to reduce
-    # 4 Macs: 2 * 3 = 6 exchanges of 1 ms, each rank sending 6 / 4 of 100 MB at 0.9 x 100 MB/s
+    # 4 Macs: 2 * 3 = 6 exchanges of 1 ms, each rank sending 6 / 4 of 100 MB at RING_EFFICIENCY (0.7) x 100 MB/s
     assert allreduce_seconds(4, 100e6, link) == pytest.approx(6e-3 + 1.5 * 100e6 / (RING_EFFICIENCY * 100e6))
     row = scaling(20.0, 100e6, 2, link, 4)
     step = 20.0 / 4 + 2 * allreduce_seconds(4, 100e6, link)

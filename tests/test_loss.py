@@ -81,7 +81,7 @@ def test_gspo_multiplies_the_kl_term_by_the_sequence_ratio():
     token:    dL/dlogp_t = 0.05 (dKL_t + KL_t)            = 0.05 [(1 - e) + (e - 2), 0] = [-0.05, 0]
     sequence: dL/dlogp_t = 0.05 (dKL_t + (KL_1 + KL_2) / 2) = 0.05 [1 - e + (e - 2) / 2, (e - 2) / 2]
                                                           = [-0.025 e, 0.025 (e - 2)]
-    The README said GSPO only differs when num_iterations > 1."""
+    The README (now docs/algorithm.md) said GSPO only differs when num_iterations > 1."""
     from pathlib import Path
 
     logp, ref, mask = mx.array([[-2.0, -1.0]]), mx.array([[-1.0, -1.0]]), mx.ones((1, 2))
@@ -95,7 +95,7 @@ def test_gspo_multiplies_the_kl_term_by_the_sequence_ratio():
     np.testing.assert_allclose(_np(mx.grad(lambda lp: loss(lp, "token"))(logp)), [[-0.05, 0.0]], atol=1e-6)
     np.testing.assert_allclose(_np(mx.grad(lambda lp: loss(lp, "sequence"))(logp)),
                                [[-0.025 * math.e, 0.025 * (math.e - 2)]], rtol=1e-5)
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
+    readme = (Path(__file__).parent.parent / "docs" / "algorithm.md").read_text()
     gspo = readme[readme.index("**GSPO"):].split("\n\n", 1)[0]
     assert "only differs" not in gspo and "with `beta > 0` the KL term still differs on-policy" in gspo
 

@@ -125,16 +125,16 @@ def test_a_quantized_rollout_copy_is_held_beside_the_weights(tiny_path):
     assert q8["peak"] == full["peak"] + 939_808
 
 
-def test_the_readme_table_of_hub_profiles_is_the_planners(capsys):
+def test_the_docs_table_of_hub_profiles_is_the_planners(capsys):
     """scripts/hub_memory_table.py plans each hub profile from a header-only copy of its model;
-    the README's table is its output, row for row."""
+    docs/memory.md's table is its output, row for row."""
     sys.path.insert(0, str(Path(__file__).parent.parent / "scripts"))
     from hub_memory_table import main as hub_table
 
     hub_table()
     lines = capsys.readouterr().out.strip().splitlines()
-    readme = (Path(__file__).parent.parent / "README.md").read_text()
-    assert len(lines) == 5 and all(line in readme.splitlines() for line in lines), lines
+    page = (Path(__file__).parent.parent / "docs" / "memory.md").read_text()
+    assert len(lines) == 5 and all(line in page.splitlines() for line in lines), lines
 
 
 def test_the_smoke_profiles_plan_is_within_15_percent_of_its_real_worst_case():
@@ -165,4 +165,4 @@ def test_plan_prints_the_peak_at_the_datas_own_longest_prompt(tmp_path, capsys):
     result = json.loads((tmp_path / "p.json").read_text())
     assert result["data_prompt_tokens"] == 40
     assert 0.2 < result["data_peak_gb"] < result["peak_gb"] / 2
-    assert f"peak on this data" in out and "its longest prompt, 40 tokens" in out
+    assert "peak on this data" in out and "its longest prompt, 40 tokens" in out

@@ -46,6 +46,40 @@ def test_export_refuses_a_folder_holding_another_run_or_the_source(run, tmp_path
     assert _files(run) == before
 
 
+def test_export_refuses_a_folder_with_a_run_inside_it_and_deletes_nothing(run, tmp_path, capsys):
+    """`export run --out archive --force` deleted archive/old_run, a whole training run, without a word."""
+    archive = tmp_path / "archive"
+    shutil.copytree(run, archive / "old_run")
+    before = _files(archive)
+    assert main(["export", str(run), "--out", str(archive), "--force"]) == 2
+    one_line_error(capsys, f"--out {archive}: holds a training run in {archive / 'old_run'}")
+    assert _files(archive) == before
+
+
+def test_export_again_onto_its_own_earlier_export_with_force(run, tmp_path, capsys):
+    """An export holds the run's config.toml: the second `--force` onto it was refused as 'holds a
+    training run (config.toml)', though an export is what --force replaces."""
+    out = tmp_path / "fused"
+    assert main(["export", str(run), "--out", str(out)]) == 0
+    assert (out / "config.toml").is_file()
+    assert main(["export", str(run), "--out", str(out), "--force"]) == 0, capsys.readouterr().err
+    assert (out / "config.json").is_file()
+
+
+def test_export_force_refuses_a_folder_that_holds_no_model_and_deletes_nothing(run, tmp_path, capsys):
+    """`--out ~ --force` (a typo, a folder of notes) must not delete what is there: --force replaces
+    an earlier model folder only."""
+    home = tmp_path / "home"
+    (home / "notes").mkdir(parents=True)
+    for name in ("a.txt", "b.txt", "c.txt", "d.txt"):
+        (home / name).write_text(name)
+    before = _files(home)
+    assert main(["export", str(run), "--out", str(home), "--force"]) == 2
+    one_line_error(capsys, f"--out {home}: holds no model (no config.json; it holds a.txt, b.txt, c.txt, ...); "
+                           "--force replaces only a model folder; choose another folder")
+    assert _files(home) == before
+
+
 def test_export_to_a_fresh_folder_beside_the_run_still_works(run, tmp_path, capsys):
     assert main(["export", str(run), "--out", str(tmp_path / "fused")]) == 0
     assert (tmp_path / "fused" / "config.json").is_file()

@@ -272,14 +272,14 @@ def test_overwrite_removes_only_the_run_files(tmp_path):
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 
 
-def test_readme_names_exactly_what_overwrite_deletes():
-    """The README's --overwrite paragraph lists RUN_FILES, no more and no fewer (it named three
+def test_docs_name_exactly_what_overwrite_deletes():
+    """docs/runs-and-faults.md's --overwrite paragraph lists RUN_FILES, no more and no fewer (it named three
     files while four are deleted: completions.jsonl was missing)."""
     from pathlib import Path
 
     from mlx_grpo.run.layout import RUN_FILES
 
-    readme = Path(__file__).parent.parent.joinpath("README.md").read_text()
+    readme = Path(__file__).parent.parent.joinpath("docs", "runs-and-faults.md").read_text()
     paragraph = readme[readme.index("- An `output_dir` holding a run"):].split("\n- ", 1)[0]
     held = re.search(r"holding a run \((.*?)\)", paragraph, re.S)[1]  # what makes a folder a run
     named = re.findall(r"`([\w.]+)/?`", held)

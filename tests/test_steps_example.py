@@ -1,6 +1,6 @@
 """The worked example of a task of its own (configs/steps.toml): its data is what its script
 makes, its rewards read the data's own fields (one gives None for one-step rows), and the
-profile trains (two short steps here; the learning across seeds is in the README)."""
+profile trains (two short steps here; the learning across seeds is in docs/benchmarks.md)."""
 
 import json
 import sys

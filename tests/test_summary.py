@@ -48,6 +48,17 @@ def _sets(out):
     return [x for item in [*FAST, f'output_dir="{out}"'] for x in ("--set", item)]
 
 
+def test_a_reward_that_scored_nothing_is_named_not_a_traceback():
+    """A reward that gave None for every completion of every step (a judge that never answered
+    with a score, a reward for a task the data lacks) logs rewards/NAME/mean = None; the summary
+    crashed on it (TypeError) after the final checkpoint."""
+    rows = [{"step": s, "reward": 0.5, "rewards/correctness/mean": 0.5, "rewards/judge/mean": None,
+             "rewards/judge/none_frac": 1.0} for s in (1, 2)]
+    lines = format_summary(rows, 2.0, 2, None, warnings=0)
+    assert lines[2:4] == ["mlx-grpo:   correctness 0.500 -> 0.500",
+                          "mlx-grpo:   judge scored no completion (None for every one)"]
+
+
 def test_a_run_ends_with_the_summary(tmp_path, capsys):
     assert cli.main(["train", "--config", "configs/smoke_test.toml", *_sets(tmp_path / "run")]) == 0
     out = unwrap(capsys.readouterr().out)

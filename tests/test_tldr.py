@@ -205,11 +205,11 @@ def test_gsm8k_answers_all_parse_and_match(tiny, split):
 
 
 def test_readme_offline_flows_train_and_evaluate_on_different_rows():
-    """Each `--set 'data.dataset={...}'` of the README, with its profile: training reads the
+    """Each `--set 'data.dataset={...}'` of the README and docs/, with its profile: training reads the
     train file, eval (eval.split = "test") the test file, and no prompt is in both."""
     import shlex
 
-    readme = (REPO / "README.md").read_text().replace("\\\n", " ")
+    readme = "\n".join(p.read_text() for p in [REPO / "README.md", *(REPO / "docs").glob("*.md")]).replace("\\\n", " ")
     flows = [shlex.split(line) for line in readme.splitlines() if "data.dataset={train=" in line]
     assert {next(w for w in f if w.endswith(".toml")) for f in flows} == {"configs/default.toml", "configs/tldr.toml"}
     for words in flows:

@@ -19,6 +19,9 @@ Then, on the same model and that step's shapes, the limit:
 `--prompt-tokens N` lengthens each prompt to about N tokens (filler text before it), to
 measure the long-prompt case; the report gives the prompt share of the padded rows' tokens.
 
+And the physical limit (commands/roofline.py): this backend's matmul FLOP/s and copy bytes/s,
+measured once, against the FLOPs and weight bytes the step's rollout and update moved.
+
 Reported: medians over the measured steps, the ratio step / limit, tokens per second
 and peak memory (MLX's counters). Timings are wall-clock and noisy on a shared machine.
 """
@@ -35,8 +38,10 @@ from mlx.utils import tree_flatten, tree_map
 from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
+from mlx_grpo.commands import roofline
 from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
+from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
@@ -203,15 +208,15 @@ def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> d
     tr = bench.tr
     plain = nn.value_and_grad(tr.model, _likelihood)
     fb_fns = [lambda b: plain(tr.model, b), make_grad_fn(tr.model, _likelihood, compiled=True)]
-    rows = []
+    rows, machine = [], roofline.machine_limits(roofline.compute_dtype(tr.model))
     for i in range(steps + 1):
         step, rollout, batches = _timed_step(bench)
         limit = _limit(tr, rollout, batches, fb_fns)
+        work = roofline.achieved(tr.model, rollout, step, cfg.lora.enabled, tr.settings.shared_prefix, machine)
         if i > 0:  # step 0 warms up: first traces, caches, allocator
-            rows.append({"step": step, "limit": limit})
+            rows.append({"step": step, "limit": limit, "achieved": work})
     med = lambda part, key: statistics.median(r[part][key] for r in rows)
-    step = {k: med("step", k) for k in rows[0]["step"]}
-    limit = {k: med("limit", k) for k in rows[0]["limit"]}
+    step, limit, work = ({k: med(part, k) for k in rows[0][part]} for part in ("step", "limit", "achieved"))
     return {
         "model": cfg.model.path, "label": label, "trainable_parameters": bench.trainable,
         "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
@@ -220,7 +225,7 @@ def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> d
         "compiled_step": COMPILE_STEP, "compile_choices": _compile_choices(tr.grad_fn),
         "measured_steps": steps, "shared_prefix": cfg.training.shared_prefix,
         "prompt_tokens": prompt_tokens,
-        "step": step, "limit": limit,
+        "step": step, "limit": limit, "machine": machine, "achieved": work,
         "step_over_limit": step["total_s"] / limit["total_s"],
         "rollout_tokens_per_s": step["completion_tokens"] / step["rollout_s"],
         "raw_generation_tokens_per_s": step["completion_tokens"] / limit["generation_s"],
@@ -251,6 +256,7 @@ def format_report(r: dict) -> str:
         f"{'peak memory (GB)':24}{s['update_peak_memory_gb']:10.3f}{lim['forward_backward_peak_memory_gb']:10.3f}"
         f"   update / fwd+bwd {r['update_memory_over_forward_backward']:.2f}; step peak {r['peak_memory_gb']:.3f}",
     ]
+    lines += roofline.format_achieved(r)
     for c in r.get("compile_choices", []):
         lines.append(f"update's compile decision at inputs {c['shapes'][0]}: {c['choice']} "
                      f"(plain {c['seconds']['plain']:.2f} s, compiled {c['seconds']['compiled']:.2f} s)")
@@ -278,6 +284,8 @@ def main(args) -> dict:
     """Run the benchmark from parsed `add_arguments` options; prints the table."""
     if args.steps < 1:
         raise ConfigError(f"--steps must be >= 1, got {args.steps}")
+    if args.model and is_local_path(args.model) and not Path(args.model).expanduser().exists():
+        raise ConfigError(f"--model {args.model}: no such folder")  # a path, never a hub id
     path = args.model or SIZES[args.size]
     cfg = bench_config(path, args.prompts, args.generations, args.max_new_tokens, args.overrides)
     if args.prompt_tokens < 0:

@@ -194,6 +194,8 @@ def output_path(out: str | None, loaded, split: str, model_name: str, overwrite:
     if out:
         path = Path(out).expanduser()
         check_replaceable(path, "--out", [("the model folder", loaded.checkpoint if loaded else None)])
+        if path.is_dir():  # --overwrite replaces a file, never a folder
+            raise UserError(f"--out {out}: is a folder; give a file, e.g. --out {Path(out) / 'eval.json'}")
         if path.exists() and not overwrite:
             raise UserError(f"--out {out}: file exists; pass --overwrite to replace it")
         return path

@@ -51,9 +51,13 @@ def model_folder(path: str, setting: str = "model.path") -> Path:
     folder, or a hub id already in the Hugging Face cache (nothing is downloaded)."""
     from mlx_grpo.models.load import resolve_model_path
 
+    from mlx_grpo.config.paths import is_local_path
+
     local = Path(resolve_model_path(path)).expanduser()
     if local.is_dir():
         return local
+    if is_local_path(path):  # a path, never a hub id: the loader's own line
+        raise MemoryPlanError(f"{setting}: folder {path!r} does not exist")
     try:
         from huggingface_hub import snapshot_download
 
@@ -188,7 +192,7 @@ def check_memory(cfg, memory_gb: float | None) -> None:
 def worst_case_wanted(cfg) -> bool:
     """training.worst_case_first; "auto" is on when the predicted peak is above half the device's
     memory, or when it cannot be predicted. Below that the probe is skipped: on the smoke
-    profile it costs more than its worth (README, "What fits in memory")."""
+    profile it costs more than its worth (docs/memory.md, "Worst case first")."""
     mode = cfg.training.worst_case_first
     if mode != "auto":
         return mode == "always"

@@ -141,7 +141,7 @@ DESCRIPTIONS = {
                              "with one line naming the late one; 0 is the larger of 60 s and 5 times the "
                              "median step time.",
     "distributed.reduce_dtype": "The gradient all-reduce's dtype across ranks: `float32`, or `bfloat16` "
-                                "(half the bytes, rounding measured in the README).",
+                                "(half the bytes; its rounding is measured in docs/benchmarks.md).",
     # [tools]
     "tools.functions": "Typed functions the model may call, `package.module:function` or "
                        "`path/file.py:function` (docs/tools.md); the schema is made from their hints.",
@@ -201,8 +201,9 @@ def reference_markdown() -> str:
         "",
         "Generated from `mlx_grpo/config/` by `uv run mlx-grpo config --reference`; a test fails when it",
         "differs, so it is never out of date. A profile lists only what it changes; `--set KEY=VALUE`",
-        "overrides a key (TOML value syntax). `uv run mlx-grpo config --show --config FILE` prints a",
-        "profile with every default filled in.",
+        "overrides a key (TOML value syntax). `uv run mlx-grpo config --show [--config FILE] [--set ...]`",
+        "prints the profile as it resolves, every default filled in, as TOML: redirect it to a file to",
+        "start a profile of your own. How a step uses these keys: [the algorithm](algorithm.md).",
         "",
         "```bash",
         "uv run mlx-grpo config --show --config configs/smoke_test.toml --set training.max_steps=3",
@@ -222,7 +223,7 @@ def reference_markdown() -> str:
         default_text = _show(default) if key != "rewards.name" else "(required)"
         lines.append(f"| `{name}` | {kind} | {default_text} | {allowed} | {DESCRIPTIONS[key]} |")
     system = Config().data.system_prompt
-    lines += ["", "The default `data.system_prompt`:", "", "```text", system, "```", "",
+    lines += ["", "The default `data.system_prompt`:", "", "<!-- output -->", "```text", system, "```", "",
               "The default `[[rewards]]`: " + ", ".join(f"`{r.name}` (weight {r.weight})" for r in Config().rewards)
               + "."]
     return "\n".join(lines) + "\n"

@@ -132,7 +132,7 @@ class TrainingConfig:
     # "auto" = when `mlx-grpo plan` puts the peak above half the device's memory; "always", "never"
     worst_case_first: str = "auto"
     # beta = 0 and no group with reward spread: the gradient is 0, skip AdamW's update (algorithm/zero_signal.py);
-    # off: measured no better on average (README, scripts/zero_signal_table.py)
+    # off: measured no better on average (docs/benchmarks.md, scripts/zero_signal_table.py)
     skip_zero_signal_steps: bool = False
 
 

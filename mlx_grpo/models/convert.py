@@ -32,8 +32,10 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
     dst = Path(dst).expanduser()
     if dst.exists() and not dst.is_dir():
         raise ModelError(f"{flag} {dst}: exists and is not a folder")
-    if dst.is_dir() and any(dst.iterdir()) and not force:
-        raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+    if dst.is_dir() and any(dst.iterdir()):
+        if not force:
+            raise ModelError(f"{flag} {dst}: folder is not empty; pass --force to replace it")
+        _check_model_folder(dst, flag)
     _remove_abandoned(dst)
     tmp = dst.with_name(f".{dst.name}.tmp{os.getpid()}")
     shutil.rmtree(tmp, ignore_errors=True)
@@ -45,6 +47,19 @@ def output_folder(dst: str | os.PathLike, force: bool = False, flag: str = "--ml
         tmp.rename(dst)
     finally:
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+MODEL_MARKERS = ("config.json", "adapter_config.json")
+
+
+def _check_model_folder(dst: Path, flag: str) -> None:
+    """--force replaces a model folder (an earlier export or convert), never a folder of anything
+    else: `--out ~ --force` must not delete a home folder."""
+    if not any((dst / name).is_file() for name in MODEL_MARKERS):
+        names = sorted(p.name for p in dst.iterdir())
+        shown = ", ".join(names[:3]) + (", ..." if len(names) > 3 else "")
+        raise ModelError(f"{flag} {dst}: holds no model (no config.json; it holds {shown}); --force replaces "
+                         "only a model folder; choose another folder")
 
 
 def _remove_abandoned(dst: Path) -> None:
@@ -81,7 +96,14 @@ def convert_model(hf_path: str, mlx_path: str, *, quantize: bool = False, q_bits
             quiet_convert(source, str(tmp), quantize=quantize, q_bits=q_bits if quantize else None,
                           q_group_size=q_group_size if quantize else None, dtype=dtype,
                           trust_remote_code=trust_remote_code)
-    except (OSError, RuntimeError) as e:  # a full disk; MLX raises RuntimeError for its writes
+    except Exception as e:
+        if type(e).__module__.startswith("huggingface_hub") and not Path(source).expanduser().exists():
+            # offline or not found on the hub (its errors are OSErrors too): train's line, naming the flag
+            raise ModelError(f"--hf-path: cannot load {hf_path!r} from the hub ({type(e).__name__}: "
+                             f"{' '.join(str(e).split())[:300]})") from e
+        if not isinstance(e, (OSError, RuntimeError)):
+            raise
+        # a full disk; MLX raises RuntimeError for its writes
         reason = getattr(e, "strerror", None) or " ".join(str(e).split())
         raise ModelError(f"--mlx-path {mlx_path}: converting {hf_path} failed ({reason}); "
                          "nothing was left there or beside it") from e

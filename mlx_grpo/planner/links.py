@@ -12,13 +12,13 @@ rank sends and receives 1/N of the bytes. `latency` and `bandwidth` are a link's
 the sources LINKS names (one direction, TCP, which the ring backend uses). RING_EFFICIENCY and
 the fit were measured on this project's CI machine (scripts/link_scaling.py): 2 to 4 ranks in
 network namespaces joined by veth pairs whose bandwidth `tc tbf` limits, for gradients of
-builtin:small and Qwen2.5-0.5B's shapes, full and LoRA; the README's scaling table says which of
+builtin:small and Qwen2.5-0.5B's shapes, full and LoRA; docs/benchmarks.md's link table says which of
 its rows were measured there and which are predicted here.
 """
 
 from dataclasses import dataclass
 
-# Measured (scripts/link_scaling.py, README "Scaling over several Macs"): the bandwidth a fit of
+# Measured (scripts/link_scaling.py, docs/benchmarks.md, "The all-reduce over emulated links"): the bandwidth a fit of
 # the ring's all-reduce times at 2-4 ranks gives, over the bandwidth tbf allowed: 0.76 at 36 MB/s,
 # 0.73 at 25 MB/s, 0.66 at 100 MB/s (2-core CI machine at load 7-12; a quiet machine may do better).
 RING_EFFICIENCY = 0.7

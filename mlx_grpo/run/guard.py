@@ -7,10 +7,11 @@ design, as `train --overwrite` does) a folder that holds a training run or a run
 a typo in --out must never cost the checkpoints it was meant to read.
 """
 
+import os
 from pathlib import Path
 
 from mlx_grpo.errors import UserError
-from mlx_grpo.run.layout import RUN_FILES
+from mlx_grpo.run.layout import CHECKPOINTS, COMPLETIONS, METRICS, RUN_FILES
 
 
 class ReplaceError(UserError, ValueError):
@@ -30,6 +31,15 @@ def held_run_files(folder) -> list[str]:
     """The run files (config.toml, metrics.jsonl, completions.jsonl, checkpoints/) in a folder."""
     folder = Path(folder)
     return [name for name in RUN_FILES if (folder / name).exists()] if folder.is_dir() else []
+
+
+def _run_within(folder: Path) -> Path | None:
+    """The first folder at or below `folder` holding what training wrote (metrics, completions,
+    checkpoints). A config.toml alone is not a run: an export carries its run's."""
+    for root, dirs, files in os.walk(folder):
+        if CHECKPOINTS in dirs or METRICS in files or COMPLETIONS in files:
+            return Path(root)
+    return None
 
 
 def _run_part(target: Path) -> Path | None:
@@ -61,7 +71,9 @@ def check_replaceable(target, flag: str, keep=(), allow_run: bool = False) -> No
             raise ReplaceError(f"{flag} {target}: lies inside {what} {path}; choose a folder outside it")
     if allow_run:
         return
-    if held := held_run_files(dst):
-        raise ReplaceError(f"{flag} {target}: holds a training run ({', '.join(held)}); choose another folder")
+    if (run := _run_within(dst)) is not None:
+        where = "" if run == dst else f" in {Path(target) / run.relative_to(dst)}"
+        raise ReplaceError(f"{flag} {target}: holds a training run{where} ({', '.join(held_run_files(run))}); "
+                           "choose another folder")
     if (run := _run_part(dst)) is not None:
         raise ReplaceError(f"{flag} {target}: is part of the training run in {run}; choose a folder outside it")

@@ -227,8 +227,11 @@ def format_summary(rows: list[dict], wall_seconds: float, max_steps: int, checkp
         lines.append(f"mlx-grpo: reward {first:.3f} -> {final:.3f} (mean of the first {w} logged steps "
                      f"-> the last {w})")
         for key in sorted(k for k in rows[-1] if k.startswith("rewards/") and k.endswith("/mean")):
-            first, final, _ = _window(rows, key)
-            lines.append(f"mlx-grpo:   {key.split('/')[1][:40]} {first:.3f} -> {final:.3f}")
+            name, scored = key.split("/")[1][:40], _window(rows, key)
+            if scored is None:  # None for every completion of every step
+                lines.append(f"mlx-grpo:   {name} scored no completion (None for every one)")
+                continue
+            lines.append(f"mlx-grpo:   {name} {scored[0]:.3f} -> {scored[1]:.3f}")
     skipped = [r for r in rows if "zero_signal_skipped" in r]
     if skipped:
         n = sum(bool(r["zero_signal_skipped"]) for r in skipped)

@@ -30,11 +30,14 @@ class StepLog:
         self.watchers = (RunWatcher.from_config(cfg.logging), Tripwires.from_config(cfg.logging))
         self.trackers = Trackers(cfg, say, first)  # logging.report_to: each gets what metrics.jsonl gets
         self.every, self.completions = cfg.logging.log_every, cfg.logging.log_completions
+        self.unscored = [0, 0]  # steps, completions the judge gave no score (warned once, judge/unparsed)
 
     def write(self, metrics: dict, drawn, console: Console, trained: bool) -> None:
         """The step's row and samples on file; on the console its line (every log_every steps),
         then its eval line, then any warnings."""
         self.metrics.write(metrics)
+        if metrics.get("judge/unparsed"):
+            self.unscored = [self.unscored[0] + 1, self.unscored[1] + int(metrics["judge/unparsed"])]
         self.trackers.log(metrics)
         console.done(reward=f"{metrics['reward']:.3f}", step_time=f"{metrics['step_time']:.2f}s")
         step = metrics["step"]
@@ -60,7 +63,10 @@ class StepLog:
         for watcher in self.watchers:
             if watcher.summary():
                 say(watcher.summary())
-        warnings = sum(sum(w.counts.values()) for w in self.watchers)
+        steps, completions = self.unscored
+        if steps:
+            say(f"mlx-grpo: the judge gave no score for {completions} completions in {steps} steps (judge/unparsed)")
+        warnings = sum(sum(w.counts.values()) for w in self.watchers) + steps
         for line in format_summary(read_metrics(self.out), time.perf_counter() - self.started, max_steps,
                                    ckpt, warnings, stopped):
             say(line)

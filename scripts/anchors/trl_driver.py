@@ -10,7 +10,6 @@ The rewards are two small functions written here (final-number match, answer-tag
 close to mlx-grpo's gsm8k_correctness and xml_format in cost.
 """
 
-import json
 import re
 import shutil
 import sys

@@ -39,6 +39,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_grpo.commands import roofline
+from mlx_grpo.commands.bench_tools import add_tools_arguments, tools_report
 from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.config.paths import is_local_path
@@ -275,9 +276,7 @@ def add_arguments(parser):
     parser.add_argument("--set", dest="overrides", action="append", default=[], metavar="KEY=VALUE",
                         help="config override, e.g. --set lora.enabled=true (repeatable)")
     parser.add_argument("--json", dest="json_path", metavar="FILE", help="also write the report as JSON")
-    parser.add_argument("--tools", nargs="?", const="configs/tools_smoke.toml", metavar="PROFILE",
-                        help="bench a profile's multi-turn tool rollouts instead (default configs/tools_smoke.toml)")
-    parser.add_argument("--tool-seconds", type=float, default=0.0, help="with --tools: sleep this long in each call")
+    add_tools_arguments(parser)
 
 
 def main(args) -> dict:
@@ -291,14 +290,9 @@ def main(args) -> dict:
     if args.prompt_tokens < 0:
         raise ConfigError(f"--prompt-tokens must be >= 0, got {args.prompt_tokens}")
     warn_if_slow(say)  # Linux without OpenBLAS: steps then take about 4x as long as with it
-    if args.tools:  # the profile, as given, with --set on top (commands/bench_tools.py)
-        from mlx_grpo.commands.bench_tools import format_tools_report, run_tools_bench
-
-        report = run_tools_bench(load_config(args.tools, args.overrides), args.tools, generation_limit, args.steps,
-                                 args.tool_seconds)
-        print(format_tools_report(report))
-    else:
-        report = run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens)
+    report = (tools_report(args, generation_limit) if args.tools else  # --tools: commands/bench_tools.py
+              run_bench(cfg, steps=args.steps, label=args.model or args.size, prompt_tokens=args.prompt_tokens))
+    if not args.tools:
         print(format_report(report))
     if args.json_path:
         Path(args.json_path).parent.mkdir(parents=True, exist_ok=True)

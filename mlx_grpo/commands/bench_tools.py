@@ -22,7 +22,7 @@ import time
 import mlx.core as mx
 
 from mlx_grpo.commands.setup import make_rewards, setup
-from mlx_grpo.config import ConfigError
+from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.rollout.score import reward_batch
@@ -98,3 +98,17 @@ def format_tools_report(r: dict) -> str:
         f"decoding {r['decode_tokens_per_s']:.1f} tokens/s with rows paused on tools, "
         f"{r['single_turn_tokens_per_s']:.1f} single-turn: batching efficiency {r['batching_efficiency']:.2f}",
     ])
+
+
+def add_tools_arguments(parser) -> None:
+    parser.add_argument("--tools", nargs="?", const="configs/tools_smoke.toml", metavar="PROFILE",
+                        help="bench a profile's multi-turn tool rollouts instead (default configs/tools_smoke.toml)")
+    parser.add_argument("--tool-seconds", type=float, default=0.0, help="with --tools: sleep this long in each call")
+
+
+def tools_report(args, generation_limit) -> dict:
+    """`bench --tools`: the profile with --set on top, measured and printed; the report."""
+    report = run_tools_bench(load_config(args.tools, args.overrides), args.tools, generation_limit, args.steps,
+                             args.tool_seconds)
+    print(format_tools_report(report))
+    return report

@@ -8,6 +8,7 @@ about one in ten in the test split; the rows are the first of a seeded shuffle, 
 every machine (tests/test_tools_task.py checks the shipped files against this script).
 """
 
+import argparse
 import json
 import random
 import zlib
@@ -31,6 +32,7 @@ def sums_rows(split: str) -> list[dict]:
 
 
 def main() -> None:
+    argparse.ArgumentParser(description=__doc__.splitlines()[0]).parse_args()
     for split in SIZES:
         path = ROOT / "data" / f"sums_{split}.jsonl"
         path.write_text("".join(json.dumps(r) + "\n" for r in sums_rows(split)))

@@ -80,7 +80,7 @@ def test_train_and_test_questions_are_disjoint():
 def test_bad_arguments_raise():
     with pytest.raises(ValueError, match="valid"):
         arithmetic.make_problems(3, seed=0, split="valid")
-    with pytest.raises(ModelError, match="unknown built-in model 'huge'.*tiny, small"):
+    with pytest.raises(ModelError, match="unknown built-in model 'huge'.*tiny, tiny-tools, small"):
         builtin_model_path("huge")
 
 

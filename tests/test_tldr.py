@@ -60,7 +60,8 @@ def test_sources_lists_every_shipped_file_with_its_sha1_and_rows():
     sources = (DATA / "SOURCES.md").read_text()
     shipped = sorted(DATA.glob("*.jsonl"))
     assert {p.name for p in shipped} == {"gsm8k_train.jsonl", "gsm8k_test.jsonl", "tldr_train.jsonl", "tldr_test.jsonl",
-                                         "steps_train.jsonl", "steps_test.jsonl"}
+                                         "steps_train.jsonl", "steps_test.jsonl",
+                                         "sums_train.jsonl", "sums_test.jsonl"}
     for path in shipped:  # every data file shipped, with its row count, size and checksum
         row = re.search(rf"\| {path.name} \| (\d+) \| ([\d,]+) \| ([0-9a-f]{{40}}) \|", sources)
         assert row, f"{path.name} has no row in data/SOURCES.md"

@@ -1,4 +1,18 @@
-"""Assertions several test files share."""
+"""Assertions and helpers several test files share."""
+
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def import_from(folder: str, name: str):
+    """A module of the repository's scripts/ or examples/ (not a package), imported by name."""
+    sys.path.insert(0, str(ROOT / folder))
+    try:
+        return __import__(name)
+    finally:
+        sys.path.pop(0)
 
 
 def one_line_error(capsys, *needles):

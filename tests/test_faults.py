@@ -227,7 +227,7 @@ def test_custom_reward_files_are_imported_only_when_named(tmp_path):
     )
     RewardSet.from_config([{"name": "xml_format", "weight": 1.0}], base_dir=tmp_path)
     assert not marker.exists()
-    assert not [m for m in sys.modules if m.startswith("_mlx_grpo_reward_mine_")]
+    assert not [m for m in sys.modules if m.startswith("_mlx_grpo_user_mine_")]
     rewards = RewardSet.from_config([{"name": "mine.py:short", "weight": 1.0}], base_dir=tmp_path)
     assert marker.exists()
     assert rewards(["q"], ["abc"], ["a"])[0] == [0.25]

@@ -3,25 +3,17 @@ makes, its rewards read the data's own fields (one gives None for one-step rows)
 profile trains (two short steps here; the learning across seeds is in docs/benchmarks.md)."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from checks import import_from
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _import(folder: str, name: str):
-    sys.path.insert(0, str(ROOT / folder))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.pop(0)
-
-
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_the_shipped_data_is_what_the_script_makes(split):
-    rows = _import("scripts", "make_steps_data").steps_rows(split)
+    rows = import_from("scripts", "make_steps_data").steps_rows(split)
     assert (ROOT / "data" / f"steps_{split}.jsonl").read_text() == "".join(json.dumps(r) + "\n" for r in rows)
     assert sum(r["steps"] == 1 for r in rows) * 2 == len(rows) and all(type(r["answer"]) is int for r in rows)
     # "<reasoning>\n" 12 + one "a + b = c\n" line (10) per step + "</reasoning>\n" 13 + "<answer>\n" 9 + "5\n" 2
@@ -30,7 +22,7 @@ def test_the_shipped_data_is_what_the_script_makes(split):
 
 
 def test_the_examples_rewards_read_the_rows_fields():
-    rewards = _import("examples", "steps_rewards")
+    rewards = import_from("examples", "steps_rewards")
     one_line = "<reasoning>\n2 + 7 - 2 = 7\n</reasoning>\n<answer>\n7\n</answer>"  # 59 characters
     worked = "<reasoning>\n2 + 7 = 9\n9 - 2 = 7\n</reasoning>\n<answer>\n7\n</answer>"  # 65
     assert rewards.shows_each_step([one_line, worked, worked], steps=[2, 2, 1]) == [0.0, 1.0, None]

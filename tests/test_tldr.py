@@ -2,16 +2,16 @@
 measure what they claim (references far above mismatched or copied text)."""
 
 import hashlib
-import importlib.util
 import json
 import re
 from pathlib import Path
 
 import pytest
+from checks import import_from
 
 from mlx_grpo.config import load_config
-from mlx_grpo.data.load import load_rows
 from mlx_grpo.data.examples import load_examples
+from mlx_grpo.data.load import load_rows
 from mlx_grpo.rewards import REWARDS, RewardSet, extract_reference_number, gsm8k_correctness
 
 REPO = Path(__file__).parent.parent
@@ -19,14 +19,7 @@ DATA = REPO / "data"
 PROFILE = REPO / "configs" / "tldr.toml"
 
 
-def _load_script(name):
-    spec = importlib.util.spec_from_file_location(name, REPO / "scripts" / f"{name}.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-baselines = _load_script("tldr_baselines")
+baselines = import_from("scripts", "tldr_baselines")
 
 
 SPLITS = {"train": str(DATA / "tldr_train.jsonl"), "test": str(DATA / "tldr_test.jsonl")}
@@ -74,7 +67,7 @@ def test_sources_lists_every_shipped_file_with_its_sha1_and_rows():
 
 
 def test_sampling_is_seeded_and_keeps_source_order():
-    sample = _load_script("sample_data")
+    sample = import_from("scripts", "sample_data")
     lines = [f"{i}\n".encode() for i in range(50)]
     picked = sample.sample_lines(lines, 10, seed=0)
     assert picked == sample.sample_lines(lines, 10, seed=0) != sample.sample_lines(lines, 10, seed=1)
@@ -228,8 +221,8 @@ def test_one_grpo_step_with_the_profile(tmp_path, rows):
     """The profile's fields, prompt and rewards through the real loop, on the tiny model. The
     posts are cut to their first three sentences: full posts are ~1,100 tiny-tokenizer tokens,
     which makes a CPU step take a minute."""
-    from mlx_grpo.run.log import read_metrics
     from mlx_grpo.commands.train import train
+    from mlx_grpo.run.log import read_metrics
 
     data = tmp_path / "short.jsonl"
     data.write_text("".join(json.dumps({**r, "post": lead}) + "\n"

@@ -1,29 +1,19 @@
 """The tools task learns: configs/tools_smoke.toml as shipped raises the tool-call rate and the
 held-out accuracy of builtin:tiny-tools (the table in docs/tools.md: 5 seeds x 2 float paths)."""
 
-import importlib.util
-from pathlib import Path
-
 import mlx_lm
 import pytest
+from checks import import_from
 
 from mlx_grpo.models.builtin import builtin_model_path
 
-ROOT = Path(__file__).resolve().parent.parent
 MIN_ACCURACY_GAIN = 0.2  # 0.32-0.39 measured, from 0.415
 MIN_CALL_RATE = 0.9  # 1.0 measured, from 0.45
 
 
-def _script():
-    spec = importlib.util.spec_from_file_location("tools_learning", ROOT / "scripts" / "tools_learning.py")
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 @pytest.mark.slow
 def test_tools_smoke_learns_to_call_the_calculator_and_answers_more_held_out_sums(tmp_path):
-    script = _script()
+    script = import_from("scripts", "tools_learning")
     held_out = script.sums_rows("test")
     before = script.fingerprint(*mlx_lm.load(str(builtin_model_path("tiny-tools"))), held_out)
     result = script.run_seed(0, tmp_path, held_out, [])

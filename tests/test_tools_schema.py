@@ -132,6 +132,18 @@ def test_tools_table_names_functions_in_a_file_next_to_the_profile(tmp_path):
     assert make_toolset(load_config(None)) is None  # no [tools]: single-turn, as before
 
 
+def test_a_file_holding_a_tool_and_a_reward_is_loaded_once(tmp_path):
+    from mlx_grpo.rewards.registry import resolve_reward
+    from mlx_grpo.tools.toolbox import resolve
+
+    (tmp_path / "task.py").write_text("LOADS = []\nLOADS.append(1)\n"
+                                      "def tool(x: int) -> int:\n    return x\n"
+                                      "def score(completions, **kw):\n    return [1.0] * len(completions)\n")
+    tool = resolve("task.py:tool", "tools.functions[0]", tmp_path)
+    reward = resolve_reward("task.py:score", tmp_path)
+    assert tool.__globals__ is reward.__globals__ and tool.__globals__["LOADS"] == [1]
+
+
 def test_api_checks_tools_before_any_weight_loads(tmp_path):
     import mlx_grpo
 

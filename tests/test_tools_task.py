@@ -2,10 +2,10 @@
 profile resolves its tool and reward before any weight loads."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
+from checks import import_from
 
 from mlx_grpo.config import load_config
 from mlx_grpo.tools import completion_cap, make_toolset
@@ -13,28 +13,20 @@ from mlx_grpo.tools import completion_cap, make_toolset
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def _import(folder: str, name: str):
-    sys.path.insert(0, str(ROOT / folder))
-    try:
-        return __import__(name)
-    finally:
-        sys.path.pop(0)
-
-
 @pytest.mark.parametrize("split", ["train", "test"])
 def test_the_shipped_sums_are_what_the_script_makes(split):
-    rows = _import("scripts", "make_sums_data").sums_rows(split)
+    rows = import_from("scripts", "make_sums_data").sums_rows(split)
     assert (ROOT / "data" / f"sums_{split}.jsonl").read_text() == "".join(json.dumps(r) + "\n" for r in rows)
     assert all(100 <= int(q) <= 999 for r in rows for q in r["question"][8:-1].split(" + "))
 
 
 def test_train_and_test_share_no_question():
-    make = _import("scripts", "make_sums_data").sums_rows
+    make = import_from("scripts", "make_sums_data").sums_rows
     assert not {r["question"] for r in make("train")} & {r["question"] for r in make("test")}
 
 
 def test_calculator_and_reward():
-    tools = _import("examples", "calculator_tools")
+    tools = import_from("examples", "calculator_tools")
     assert tools.calculator("347 + 586") == "933" and tools.calculator("10 - 3+1") == "8"
     for bad in ("3 +", "x + 1", "2 2"):
         with pytest.raises(ValueError, match="cannot read"):

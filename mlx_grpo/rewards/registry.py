@@ -13,10 +13,6 @@ importable anywhere.
 from __future__ import annotations
 
 import difflib
-import hashlib
-import importlib
-import importlib.util
-import sys
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -26,12 +22,9 @@ from mlx_grpo.rewards.call import (
 )
 from mlx_grpo.rewards.gsm8k import gsm8k_correctness, rouge_l, xml_format
 from mlx_grpo.rewards.summary import coverage, faithfulness, length_band, no_copy
+from mlx_grpo.user_code import describe, is_file_target, load_module
 
 RewardFn = Callable[..., list[float | None]]
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())}"
 
 
 REWARDS: dict[str, RewardFn] = {
@@ -44,29 +37,6 @@ REWARDS: dict[str, RewardFn] = {
     "faithfulness": faithfulness,
     "no_copy": no_copy,
 }
-
-
-def _load_file(name: str, target: str, base_dir: str | Path | None):
-    path = Path(target).expanduser()
-    roots = [] if path.is_absolute() else [d for d in (base_dir, Path.cwd()) if d is not None]
-    candidates = [Path(d) / path for d in roots] or [path]
-    found = next((p.resolve() for p in candidates if p.is_file()), None)
-    if found is None:
-        raise RewardError(f"reward {name!r}: file not found (looked at {', '.join(map(str, candidates))})")
-    # One module per resolved path, registered in sys.modules so dataclasses/pickle in the file work
-    # and two rewards from one file share its module state (as `import` would).
-    mod_name = f"_mlx_grpo_reward_{found.stem}_{hashlib.sha1(str(found).encode()).hexdigest()[:8]}"
-    if mod_name in sys.modules:
-        return sys.modules[mod_name]
-    spec = importlib.util.spec_from_file_location(mod_name, found)
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[mod_name] = module
-    try:
-        spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:  # sys.exit() in a reward file must not end the run silently
-        del sys.modules[mod_name]
-        raise RewardError(f"reward {name!r}: loading {found} failed: {_describe(e)}") from e
-    return module
 
 
 def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardFn:
@@ -92,15 +62,9 @@ def resolve_reward(name: str, base_dir: str | Path | None = None) -> RewardFn:
             "or give 'package.module:function' or 'path/to/file.py:function'"
         )
     target, func_name = name.rsplit(":", 1)
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        if not target.endswith(".py"):
-            raise RewardError(f"reward {name!r}: {target!r} is not a .py file (give 'path/to/file.py:function')")
-        module = _load_file(name, target, base_dir)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except (Exception, SystemExit) as e:
-            raise RewardError(f"reward {name!r}: cannot import module {target!r}: {_describe(e)}") from e
+    if is_file_target(target) and not target.endswith(".py"):
+        raise RewardError(f"reward {name!r}: {target!r} is not a .py file (give 'path/to/file.py:function')")
+    module = load_module(target, base_dir, f"reward {name!r}", RewardError)
     if not hasattr(module, func_name):
         raise RewardError(f"reward {name!r}: {target!r} has no function {func_name!r}")
     fn = getattr(module, func_name)
@@ -176,7 +140,7 @@ class RewardSet:
 
     def _finish(self, key: str, out, batch: RewardBatch) -> list[float | None]:
         if isinstance(out, BaseException):
-            raise RewardError(f"reward {key!r} raised {_describe(out)} on {self._culprit(key, batch)}") from out
+            raise RewardError(f"reward {key!r} raised {describe(out)} on {self._culprit(key, batch)}") from out
         return check_scores(key, out, batch)
 
     def _culprit(self, key: str, batch: RewardBatch) -> str:

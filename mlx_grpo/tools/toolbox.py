@@ -10,41 +10,12 @@ loads: a tool without type hints, two tools of one name, an environment without 
 name that resolves to nothing stops the run with one line. Pure Python, no MLX.
 """
 
-import importlib
-import importlib.util
 import inspect
-import hashlib
-import sys
-from pathlib import Path
 
 from mlx_grpo.tools.schema import ToolError, model_parameters, tool_schema
+from mlx_grpo.user_code import load_module
 
 RESERVED = ("reset", "reward")  # an environment's methods that are not tools
-
-
-def _describe(e: BaseException) -> str:
-    return f"{type(e).__name__}: {' '.join(str(e).split())}"
-
-
-def _load_file(spec: str, target: str, base_dir, setting: str):
-    path = Path(target).expanduser()
-    roots = [] if path.is_absolute() else [d for d in (base_dir, Path.cwd()) if d is not None]
-    candidates = [Path(d) / path for d in roots] or [path]
-    found = next((p.resolve() for p in candidates if p.is_file()), None)
-    if found is None:
-        raise ToolError(f"{setting}: {spec!r}: file not found (looked at {', '.join(map(str, candidates))})")
-    name = f"_mlx_grpo_tools_{found.stem}_{hashlib.sha1(str(found).encode()).hexdigest()[:8]}"
-    if name in sys.modules:
-        return sys.modules[name]
-    module_spec = importlib.util.spec_from_file_location(name, found)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.modules[name] = module
-    try:
-        module_spec.loader.exec_module(module)
-    except (Exception, SystemExit) as e:
-        del sys.modules[name]
-        raise ToolError(f"{setting}: {spec!r}: loading {found} failed: {_describe(e)}") from e
-    return module
 
 
 def resolve(spec, setting: str, base_dir=None):
@@ -55,13 +26,7 @@ def resolve(spec, setting: str, base_dir=None):
         raise ToolError(f"{setting}: expected 'package.module:name' or 'path/to/file.py:name' (or a function), "
                         f"got {spec!r:.60}")
     target, name = spec.rsplit(":", 1)
-    if target.endswith(".py") or "/" in target or "\\" in target:
-        module = _load_file(spec, target, base_dir, setting)
-    else:
-        try:
-            module = importlib.import_module(target)
-        except (Exception, SystemExit) as e:
-            raise ToolError(f"{setting}: {spec!r}: cannot import module {target!r}: {_describe(e)}") from e
+    module = load_module(target, base_dir, f"{setting}: {spec!r}", ToolError)
     if not hasattr(module, name):
         raise ToolError(f"{setting}: {spec!r}: module {target!r} has no {name!r}")
     found = getattr(module, name)

@@ -44,3 +44,4 @@ def test_the_profile_resolves_its_tool_and_sizes_memory_by_the_episode():
     cfg = load_config(path)
     assert make_toolset(cfg, str(path)).names == ["calculator"]
     assert completion_cap(cfg) == 224 and cfg.generation.max_new_tokens == 96  # the plan sizes by the episode
+    assert cfg.tools.schemas_in == "none"  # the prompts builtin:tiny-tools was warm-started on, and measured with

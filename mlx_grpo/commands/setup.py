@@ -24,9 +24,10 @@ from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout.quantized import QuantizedRollouts
 from mlx_grpo.rollout.sample import make_rollout_sampler
 from mlx_grpo.rollout.score import SamplingSettings
-from mlx_grpo.rollout.tool_rollout import ToolRollout, template_kwargs
+from mlx_grpo.rollout.tool_rollout import ToolRollout
 from mlx_grpo.run.console import say
 from mlx_grpo.tools import Toolset
+from mlx_grpo.tools.prompt import schemas_placement, template_kwargs
 from mlx_grpo.update.optimizer import make_optimizer
 from mlx_grpo.update.settings import UpdateSettings
 from mlx_grpo.update.step import make_update_grad_fn
@@ -110,6 +111,17 @@ def prefix_sharing(settings: UpdateSettings, model, model_path: str, world: Worl
     return replace(settings, shared_prefix=False)
 
 
+def _with_tools(cfg, toolset: Toolset | None, tokenizer, world: World) -> dict:
+    """data.chat_template_kwargs with the tools' schemas; says so once where "auto" puts them in the
+    system message because the chat template does not show them."""
+    kwargs = cfg.data.chat_template_kwargs
+    if toolset and cfg.tools.schemas_in == "auto" and world.is_main and \
+            schemas_placement(tokenizer, toolset.schemas, kwargs, "auto") == "system":
+        say(f"mlx-grpo: {cfg.model.path}'s chat template does not show tools; their schemas go in the system "
+            "message (tools.schemas_in = \"auto\")")
+    return template_kwargs(kwargs, toolset, tokenizer, cfg.tools.schemas_in)
+
+
 def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None,
           toolset: Toolset | None = None) -> Trainer:
     """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
@@ -126,7 +138,7 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     # Loading models draws random numbers (layer init before the weights arrive), and how many
     # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
-    data = replace(cfg.data, chat_template_kwargs=template_kwargs(cfg.data.chat_template_kwargs, toolset))
+    data = replace(cfg.data, chat_template_kwargs=_with_tools(cfg, toolset, tokenizer, world))
     examples = load_examples(data, tokenizer, seed=cfg.seed, rows=rows)
     gen, settings = cfg.generation, prefix_sharing(UpdateSettings.from_config(cfg), model, cfg.model.path, world)
     return Trainer(

@@ -148,6 +148,9 @@ DESCRIPTIONS = {
     "tools.environment": "An environment class, `package.module:Class` or `path/file.py:Class`: one "
                          "instance per episode, `reset(**row)`, its public methods are tools; empty for none.",
     "tools.timeout_s": "Seconds a tool call may run before the model gets a timeout error.",
+    "tools.schemas_in": "Where the model sees the tools' schemas: `template` (the chat template's "
+                        "`tools=`), `system` (a tool list added to the system message), `auto` (the "
+                        "template where it shows them, else the system message), `none`.",
 }
 
 

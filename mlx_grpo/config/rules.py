@@ -137,6 +137,7 @@ RULES: dict[str, Rule] = {
     "eval.batch_size": _within(1, MAX_SEQUENCES),
     "distributed.timeout_s": _at_least(0),
     "tools.timeout_s": _above(0),
+    "tools.schemas_in": _one_of("auto", "template", "system", "none"),
     "distributed.reduce_dtype": _one_of("float32", "bfloat16"),
 }
 

@@ -181,6 +181,10 @@ class ToolsConfig:
     functions: list[str] = field(default_factory=list)
     environment: str = ""  # "module:Class" or "path/file.py:Class": one instance per episode; "" = none
     timeout_s: float = 10.0  # a call running longer is answered with an error
+    # where the model is shown the tools' schemas: "template" (the chat template's tools=), "system"
+    # (a tool list added to the system message), "auto" (the template where it shows them, else the
+    # system message), "none"
+    schemas_in: str = "auto"
 
 
 @dataclass

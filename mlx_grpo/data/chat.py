@@ -11,6 +11,9 @@ prompts is asked in the format it learned.
 from mlx_grpo.config.sections import DEFAULT_SYSTEM_PROMPT  # noqa: F401 (the data.system_prompt default)
 
 ROLES = {"user": "User", "assistant": "Assistant"}
+# A template_kwargs key that render_text takes out: text to add to the system message (a tool list
+# for a chat template that does not show tools itself, tools/prompt.py).
+SYSTEM_EXTRA = "mlx_grpo_system_extra"
 
 
 def has_chat_template(tokenizer) -> bool:
@@ -32,10 +35,20 @@ def plain_prompt(question: str, system_prompt: str = "") -> str:
 def render_text(tokenizer, messages: list[dict], template_kwargs: dict | None = None) -> str:
     """The text of a conversation that the model continues with its answer; `template_kwargs`
     (data.chat_template_kwargs) are the chat template's extra variables."""
+    kwargs = dict(template_kwargs or {})
+    extra = kwargs.pop(SYSTEM_EXTRA, "")
+    if extra:
+        messages = with_system_text(messages, extra)
     if not has_chat_template(tokenizer):
         return plain_text(messages)
-    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False,
-                                         **(template_kwargs or {}))
+    return tokenizer.apply_chat_template(messages, add_generation_prompt=True, tokenize=False, **kwargs)
+
+
+def with_system_text(messages: list[dict], text: str) -> list[dict]:
+    """The messages with `text` after the system message's content (or as the system message)."""
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
 
 
 def render_prompt(tokenizer, question: str, system_prompt: str = "", template_kwargs: dict | None = None) -> str:

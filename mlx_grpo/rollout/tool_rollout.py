@@ -19,6 +19,7 @@ from mlx_grpo.rollout.episodes import EpisodeLimits, generate_episodes
 from mlx_grpo.rollout.sample import make_sampling_logprob
 from mlx_grpo.tools import Toolset, episode_tokens
 from mlx_grpo.tools.calls import ToolFormat
+from mlx_grpo.tools.prompt import template_kwargs
 
 ENVIRONMENT_REWARD = "environment"  # the name an environment's reward() is logged under
 
@@ -32,24 +33,19 @@ class ToolRollout:
     fmt: ToolFormat
     limits: EpisodeLimits
     system_prompt: str
-    template_kwargs: dict  # data.chat_template_kwargs with tools = the schemas
+    template_kwargs: dict  # data.chat_template_kwargs with the schemas (tools/prompt.py)
 
     @classmethod
     def make(cls, toolset: Toolset, tokenizer, cfg) -> "ToolRollout":
         gen = cfg.generation
         limits = EpisodeLimits(gen.max_new_tokens, gen.max_turns, gen.max_tool_calls, episode_tokens(gen))
         return cls(toolset, ToolFormat.of(tokenizer), limits, cfg.data.system_prompt,
-                   template_kwargs(cfg.data.chat_template_kwargs, toolset))
+                   template_kwargs(cfg.data.chat_template_kwargs, toolset, tokenizer, cfg.tools.schemas_in))
 
     def prompt_tokens(self, tokenizer, prompt) -> list[int]:
         """An environment's first prompt (text, or a list of {role, content}) as token ids."""
         text = render_text(tokenizer, prompt_messages(prompt, self.system_prompt), self.template_kwargs)
         return tokenizer.encode(text, add_special_tokens=False)
-
-
-def template_kwargs(kwargs: dict, toolset: Toolset | None) -> dict:
-    """data.chat_template_kwargs, with `tools` (the schemas) for the template to show the model."""
-    return {**kwargs, "tools": toolset.schemas} if toolset else dict(kwargs)
 
 
 def sample_episodes(model, tokenizer, examples, tools: ToolRollout, sampler, s, on_progress=None):

@@ -11,7 +11,7 @@ before it is never re-tokenized. Pure Python, no MLX.
 from dataclasses import dataclass
 import json
 
-from mlx_grpo.data.chat import has_chat_template
+from mlx_grpo.data.chat import SYSTEM_EXTRA, has_chat_template
 
 HERMES_START, HERMES_END = "<tool_call>", "</tool_call>"
 _ASSISTANT = "MLXGRPOASSISTANTTURN"  # stands for the model's turn, to find where the template goes on
@@ -77,11 +77,25 @@ def tool_turn_text(tokenizer, results: list[tuple[str, str]], ended_with_eos: bo
     messages = [{"role": "tool", "name": name, "content": content} for name, content in results]
     if not has_chat_template(tokenizer):
         return "".join(f"\nTool: {m['content']}" for m in messages) + "\nAssistant:"
-    convo = [{"role": "user", "content": "U"}, {"role": "assistant", "content": _ASSISTANT}, *messages]
-    text = tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=False,
-                                         **(template_kwargs or {}))
+    kwargs = {k: v for k, v in (template_kwargs or {}).items() if k != SYSTEM_EXTRA}
+    try:
+        text = _after_assistant(tokenizer, messages, kwargs)
+    except Exception:  # a template without a tool role (Gemma 3's raises): the results as a user turn
+        text = _after_assistant(tokenizer, [_as_user(messages)], kwargs)
     rest = text[text.rindex(_ASSISTANT) + len(_ASSISTANT):]
     eos = getattr(tokenizer, "eos_token", None)
     if ended_with_eos and eos and rest.startswith(eos):
         rest = rest[len(eos):]
     return rest
+
+
+def _after_assistant(tokenizer, messages: list[dict], kwargs: dict) -> str:
+    convo = [{"role": "user", "content": "U"}, {"role": "assistant", "content": _ASSISTANT}, *messages]
+    return tokenizer.apply_chat_template(convo, add_generation_prompt=True, tokenize=False, **kwargs)
+
+
+def _as_user(messages: list[dict]) -> dict:
+    """Tool messages as one user message, each result in a <tool_response> block naming its tool."""
+    blocks = [f'<tool_response name="{m["name"]}">\n{m["content"]}\n</tool_response>' for m in messages]
+    return {"role": "user", "content": "\n".join(blocks)}
+

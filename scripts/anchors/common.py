@@ -13,12 +13,13 @@ RESULT = "ANCHOR_RESULT "  # run.py reads the one stdout line that starts with t
 
 def parser(description: str) -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description=description)
-    p.add_argument("--model", required=True, help="local Hugging Face-format Qwen2 folder (float32)")
+    p.add_argument("--model", required=True, help="local Hugging Face-format Qwen2 folder")
     p.add_argument("--data", required=True, help="prompts .jsonl written by run.py (question, answer, system)")
     p.add_argument("--prompts", type=int, default=2, help="P, prompts per step")
     p.add_argument("--generations", type=int, default=8, help="G, completions per prompt")
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument("--beta", type=float, default=0.04, help="KL coefficient (a reference model)")
+    p.add_argument("--lora-rank", type=int, default=0, help="LoRA rank on every linear layer; 0 = full fine-tune")
     p.add_argument("--steps", type=int, default=3, help="measured steps")
     p.add_argument("--warmup", type=int, default=1, help="steps run first and not measured")
     p.add_argument("--workdir", default="/tmp/anchors-work", help="scratch folder for outputs the tools write")

@@ -36,7 +36,8 @@ def main() -> None:
 
     iters = a.warmup + a.steps
     args = vars(cli.build_parser().parse_args([
-        "--model", a.model, "--train", "--train-mode", "grpo", "--train-type", "full",
+        "--model", a.model, "--train", "--train-mode", "grpo", "--train-type", "lora" if a.lora_rank else "full",
+        "--num-layers", "-1",
         "--data", str(work / "data"), "--batch-size", str(a.prompts), "--group-size", str(a.generations),
         "--max-completion-length", str(a.max_new_tokens), "--beta", str(a.beta), "--temperature", "1.0",
         "--iters", str(iters), "--steps-per-report", "1", "--steps-per-eval", str(10 * iters),
@@ -48,6 +49,8 @@ def main() -> None:
         if getattr(args, k, None) is None:
             setattr(args, k, v)
     args.fuse = False  # no merged model written after training
+    if a.lora_rank:  # its own choice of layers in each block (mlx-lm's defaults), every block
+        args.lora_parameters = {"rank": a.lora_rank, "dropout": 0.0, "scale": 20.0}
 
     seconds, tokens = [], []
 

@@ -69,10 +69,14 @@ def write_prompts(path: Path) -> int:
     return len(rows)
 
 
-def model_folder(size: str) -> str:
+def model_folder(spec: str) -> str:
+    """A local folder for every tool: a built-in size, shape:NAME (built into the cache), or a folder."""
     from mlx_grpo.models.builtin import builtin_model_path
+    from mlx_grpo.models.shapes import shape_model_path
 
-    return str(builtin_model_path(size))
+    if spec.startswith("shape:"):
+        return str(shape_model_path(spec.removeprefix("shape:")))
+    return str(builtin_model_path(spec)) if spec in ("tiny", "small") else spec
 
 
 def commit_of(checkout: Path) -> str:
@@ -80,12 +84,14 @@ def commit_of(checkout: Path) -> str:
     return out.stdout.strip() or "?"
 
 
-def bench_tool(name: str, checkout: Path, size: str, steps: int, beta: float | None):
+def bench_tool(name: str, checkout: Path, model: str, steps: int, beta: float | None, new: int = 64, rank: int = 0):
     python = sys.executable if checkout == ROOT else str(checkout / ".venv" / "bin" / "python")
 
     def command(out: Path) -> list[str]:
-        cmd = [python, "-m", "mlx_grpo", "bench", "--size", size, "--steps", str(steps), "--json", str(out)]
-        return cmd + (["--set", f"grpo.beta={beta}"] if beta is not None else [])
+        cmd = [python, "-m", "mlx_grpo", "bench", "--model", model, "--steps", str(steps), "--json", str(out),
+               "--max-new-tokens", str(new)]
+        lora = ["--set", "lora.enabled=true", "--set", f"lora.rank={rank}"] if rank else []
+        return cmd + lora + (["--set", f"grpo.beta={beta}"] if beta is not None else [])
 
     return {"name": name, "kind": "bench", "command": command, "cwd": str(checkout), "env": {}}
 
@@ -212,7 +218,9 @@ def combined(paths: list[str]) -> str:
 
 def main(argv=None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--size", choices=("tiny", "small"), default="tiny")
+    ap.add_argument("--size", default="tiny", help="tiny, small, shape:NAME or a local model folder")
+    ap.add_argument("--max-new-tokens", type=int, default=64)
+    ap.add_argument("--lora-rank", type=int, default=0, help="LoRA on every linear layer; 0 = full fine-tune")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--steps", type=int, default=3, help="measured steps per run (after --warmup)")
     ap.add_argument("--warmup", type=int, default=1, help="unmeasured first steps of each driver run")
@@ -244,19 +252,19 @@ def main(argv=None) -> None:
     data = work / "prompts.jsonl"
     n = write_prompts(data)
     model = model_folder(a.size)
-    p, g, new = 2, 8, 64
+    p, g, new = 2, 8, a.max_new_tokens
     common = ["--model", model, "--data", str(data), "--prompts", str(p), "--generations", str(g),
               "--max-new-tokens", str(new), "--beta", str(a.beta), "--steps", str(a.steps),
-              "--warmup", str(a.warmup), "--workdir", str(work)]
+              "--warmup", str(a.warmup), "--workdir", str(work), "--lora-rank", str(a.lora_rank)]
     here = f"mlx-grpo {commit_of(ROOT)}"
     before = f"mlx-grpo {commit_of(a.before)}" if a.before else ""
-    tools = [bench_tool(here, ROOT, a.size, a.steps, a.beta)]
+    tools = [bench_tool(here, ROOT, model, a.steps, a.beta, new, a.lora_rank)]
     if a.before:
-        tools.append(bench_tool(before, a.before.resolve(), a.size, a.steps, a.beta))
+        tools.append(bench_tool(before, a.before.resolve(), model, a.steps, a.beta, new, a.lora_rank))
     if a.bench_default:
-        tools.append(bench_tool(f"{here}, bench defaults (beta 0)", ROOT, a.size, a.steps, None))
+        tools.append(bench_tool(f"{here}, bench defaults (beta 0)", ROOT, model, a.steps, None, new, a.lora_rank))
         if a.before:
-            tools.append(bench_tool(f"{before}, bench defaults (beta 0)", a.before.resolve(), a.size, a.steps, None))
+            tools.append(bench_tool(f"{before}, bench defaults (beta 0)", a.before.resolve(), model, a.steps, None, new, a.lora_rank))
     if a.lora_venv:
         tools.append(driver_tool("mlx-lm-lora", a.lora_venv, "lora_driver.py", common))
     if a.trl_venv:
@@ -291,7 +299,8 @@ def main(argv=None) -> None:
                   f"{rec['loadavg_after'][0]:.2f}; wall {rec['wall_s']:.0f} s", file=sys.stderr, flush=True)
             if a.json_path:
                 Path(a.json_path).write_text(json.dumps({"size": a.size, "model": model, "runs": runs}, indent=1) + "\n")
-    print(f"{a.size} ({model}), P={p} G={g}, {new} new tokens, full fine-tune, float32, beta {a.beta}; "
+    kind = f"LoRA rank {a.lora_rank}" if a.lora_rank else "full fine-tune"
+    print(f"{a.size} ({model}), P={p} G={g}, {new} new tokens, {kind}, float32, beta {a.beta}; "
           f"{a.rounds} interleaved round(s), {a.steps} measured steps per run")
     print(table(runs))
 

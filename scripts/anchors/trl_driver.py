@@ -76,8 +76,14 @@ def main() -> None:
             if logs and "completions/mean_length" in logs:
                 tokens.append(float(logs["completions/mean_length"]))
 
+    peft = None
+    if a.lora_rank:  # every linear layer of every block, as mlx-grpo's LoRA
+        from peft import LoraConfig
+
+        peft = LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0, target_modules="all-linear",
+                          task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=str(model), reward_funcs=[correctness, tag_format], args=cfg, train_dataset=ds,
-                          callbacks=[Clock()])
+                          callbacks=[Clock()], peft_config=peft)
     n = sum(x.numel() for x in trainer.model.parameters() if x.requires_grad)
     print(f"anchor: {n:,} trainable parameters, dtype {next(trainer.model.parameters()).dtype}, "
           f"torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)

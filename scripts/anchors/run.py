@@ -31,7 +31,9 @@ then, from this repository's root:
         --mlxgrpo-venv /tmp/anch-mlxgrpo --mlxgrpo-source /tmp/mlx-grpo-anchor/mlx-grpo.py \\
         --json anchors-tiny.json
 
-and `--combine anchors-tiny.json anchors-small.json` prints one table of both sizes.
+and `--combine anchors-tiny.json anchors-small.json` prints one table of both sizes. At a real
+shape with LoRA: `--size shape:qwen2.5-0.5b --lora-rank 8 --max-new-tokens 128` (each tool trains
+its own LoRA: mlx-grpo's and TRL's on every linear layer, mlx-lm-lora's on its default layers).
 A tool whose flag is missing is left out. Not part of the test suite: it needs the other
 environments, and timings depend on the machine and its load.
 """
@@ -132,8 +134,12 @@ def run_once(tool: dict, timeout: float) -> dict:
         env = {**os.environ, **tool["env"]}
         before = loadavg()
         tic = time.perf_counter()
-        proc = subprocess.run(tool["command"](out), cwd=tool["cwd"], env=env, capture_output=True, text=True,
-                              timeout=timeout)
+        try:
+            proc = subprocess.run(tool["command"](out), cwd=tool["cwd"], env=env, capture_output=True, text=True,
+                                  timeout=timeout)
+        except subprocess.TimeoutExpired:  # a lower bound is a result: say it, and go on to the next tool
+            return {"tool": tool["name"], "loadavg_before": before, "loadavg_after": loadavg(), "returncode": -1,
+                    "wall_s": timeout, "error": f"timed out after {timeout:.0f} s (--timeout)"}
         wall = time.perf_counter() - tic
         after = loadavg()
         rec = {"tool": tool["name"], "loadavg_before": before, "loadavg_after": after, "wall_s": wall,

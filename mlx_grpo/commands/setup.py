@@ -115,11 +115,13 @@ def _with_tools(cfg, toolset: Toolset | None, tokenizer, world: World) -> dict:
     """data.chat_template_kwargs with the tools' schemas; says so once where "auto" puts them in the
     system message because the chat template does not show them."""
     kwargs = cfg.data.chat_template_kwargs
-    if toolset and cfg.tools.schemas_in == "auto" and world.is_main and \
-            schemas_placement(tokenizer, toolset.schemas, kwargs, "auto") == "system":
+    if not toolset:
+        return dict(kwargs)
+    where = schemas_placement(tokenizer, toolset.schemas, kwargs, cfg.tools.schemas_in)
+    if cfg.tools.schemas_in == "auto" and where == "system" and world.is_main:
         say(f"mlx-grpo: {cfg.model.path}'s chat template does not show tools; their schemas go in the system "
             "message (tools.schemas_in = \"auto\")")
-    return template_kwargs(kwargs, toolset, tokenizer, cfg.tools.schemas_in)
+    return template_kwargs(kwargs, toolset, tokenizer, where)
 
 
 def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None,
@@ -147,5 +149,5 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
         sampling=SamplingSettings.from_config(cfg), settings=settings,
         optimizer=make_optimizer(cfg.training, total_updates), grad_fn=make_update_grad_fn(model, settings),
         quantized=QuantizedRollouts(gen.quantize_bits) if gen.quantize_bits else None,
-        tools=ToolRollout.make(toolset, tokenizer, cfg) if toolset else None,
+        tools=ToolRollout.make(toolset, tokenizer, cfg, data.chat_template_kwargs) if toolset else None,
     )

@@ -19,7 +19,6 @@ from mlx_grpo.rollout.episodes import EpisodeLimits, generate_episodes
 from mlx_grpo.rollout.sample import make_sampling_logprob
 from mlx_grpo.tools import Toolset, episode_tokens
 from mlx_grpo.tools.calls import ToolFormat
-from mlx_grpo.tools.prompt import template_kwargs
 
 ENVIRONMENT_REWARD = "environment"  # the name an environment's reward() is logged under
 
@@ -36,11 +35,11 @@ class ToolRollout:
     template_kwargs: dict  # data.chat_template_kwargs with the schemas (tools/prompt.py)
 
     @classmethod
-    def make(cls, toolset: Toolset, tokenizer, cfg) -> "ToolRollout":
+    def make(cls, toolset: Toolset, tokenizer, cfg, template_kwargs: dict) -> "ToolRollout":
+        """`template_kwargs`: data.chat_template_kwargs with the schemas, as the prompts were rendered."""
         gen = cfg.generation
         limits = EpisodeLimits(gen.max_new_tokens, gen.max_turns, gen.max_tool_calls, episode_tokens(gen))
-        return cls(toolset, ToolFormat.of(tokenizer), limits, cfg.data.system_prompt,
-                   template_kwargs(cfg.data.chat_template_kwargs, toolset, tokenizer, cfg.tools.schemas_in))
+        return cls(toolset, ToolFormat.of(tokenizer), limits, cfg.data.system_prompt, template_kwargs)
 
     def prompt_tokens(self, tokenizer, prompt) -> list[int]:
         """An environment's first prompt (text, or a list of {role, content}) as token ids."""

@@ -23,17 +23,25 @@ The other tools need their own virtual environments (not this project's), for ex
     # MLX-GRPO (GitHub repository Doriandarko/MLX-GRPO) is a script, not a package: unpack the
     # repository anywhere and pass its mlx-grpo.py with --mlxgrpo-source. The pins above
     # are its uv.lock's.
+    uv venv /tmp/anch-unsloth && uv pip install --python /tmp/anch-unsloth --no-deps \\
+        "unsloth==2026.10.9" "unsloth_zoo==2026.10.9"
+    uv pip install --python /tmp/anch-unsloth "mlx[cpu]==0.32.4" "mlx-lm==0.32.2" \\
+        "transformers==5.17.0" "datasets==4.8.5"
+    # Unsloth's MLX GRPO (unsloth_zoo's MLXGRPOTrainer): no torch; its Mac-only import is
+    # answered as on a Mac while it imports (see unsloth_driver.py). These are its pins
+    # for Apple Silicon (mlx, mlx-lm) and its bounds (transformers, datasets).
 
 then, from this repository's root:
 
     uv run python scripts/anchors/run.py --size tiny --rounds 3 --steps 3 \\
         --before ../before-checkout --lora-venv /tmp/anch-lora --trl-venv /tmp/anch-trl \\
         --mlxgrpo-venv /tmp/anch-mlxgrpo --mlxgrpo-source /tmp/mlx-grpo-anchor/mlx-grpo.py \\
-        --json anchors-tiny.json
+        --unsloth-venv /tmp/anch-unsloth --json anchors-tiny.json
 
 and `--combine anchors-tiny.json anchors-small.json` prints one table of both sizes. At a real
 shape with LoRA: `--size shape:qwen2.5-0.5b --lora-rank 8 --max-new-tokens 128` (each tool trains
-its own LoRA: mlx-grpo's and TRL's on every linear layer, mlx-lm-lora's on its default layers).
+its own LoRA: mlx-grpo's, TRL's and Unsloth's on every linear layer, mlx-lm-lora's on its default
+layers).
 A tool whose flag is missing is left out. Not part of the test suite: it needs the other
 environments, and timings depend on the machine and its load.
 """
@@ -243,6 +251,9 @@ def main(argv=None) -> None:
     ap.add_argument("--mlxgrpo-rounds", type=int, help="run MLX-GRPO in the first N rounds only (default all)")
     ap.add_argument("--mlxgrpo-no-nudge", action="store_true",
                     help="also MLX-GRPO without its '<reasoning>' prompt suffix (see mlxgrpo_driver.py)")
+    ap.add_argument("--unsloth-venv", help="a venv with unsloth and unsloth_zoo (MLX), see above")
+    ap.add_argument("--unsloth-grad-checkpoint", default="on",
+                    help="Unsloth's gradient checkpointing: on (its default), off, or on,off for both runs")
     ap.add_argument("--only", action="append", help="a tool name to keep (repeatable; names hold commas)")
     ap.add_argument("--timeout", type=float, default=1800, help="seconds per run")
     ap.add_argument("--workdir", default=str(Path(tempfile.gettempdir()) / "anchors-work"))
@@ -285,6 +296,13 @@ def main(argv=None) -> None:
         for name, extra in [("MLX-GRPO", [])] + [("MLX-GRPO, no <reasoning> nudge", ["--no-nudge"])] * a.mlxgrpo_no_nudge:
             tools.append(driver_tool(name, a.mlxgrpo_venv, "mlxgrpo_driver.py", [*mine, *extra]))
             tools[-1]["rounds"] = a.mlxgrpo_rounds
+    if a.unsloth_venv:
+        for gc in a.unsloth_grad_checkpoint.split(","):
+            if gc not in ("on", "off"):
+                ap.error(f"--unsloth-grad-checkpoint: {gc!r} is not on or off")
+            off = gc == "off"
+            tools.append(driver_tool("Unsloth MLX GRPO" + (", no grad checkpoint" if off else ""), a.unsloth_venv,
+                                     "unsloth_driver.py", [*common, *["--no-grad-checkpoint"] * off]))
     if a.only:
         keep = set(a.only)
         tools = [t for t in tools if t["name"] in keep]

@@ -7,7 +7,8 @@ import pytest
 from mlx_grpo.cli import main
 
 STEP_FIELDS = {"prompt_share", "shared_over_full_tokens", "total_s", "rollout_s", "rewards_s", "judge_s", "reference_s",
-               "update_s", "completion_tokens", "scored_tokens", "peak_memory_gb", "update_peak_memory_gb"}
+               "update_s", "completion_tokens", "scored_tokens", "peak_memory_gb", "update_peak_memory_gb",
+               "host_s", "rollout_host_s", "reference_host_s", "update_host_s"}
 LIMIT_FIELDS = {"total_s", "generation_s", "forward_backward_s", "forward_backward_plain_s",
                 "forward_backward_compiled_s", "forward_backward_peak_memory_gb"}
 
@@ -15,10 +16,11 @@ LIMIT_FIELDS = {"total_s", "generation_s", "forward_backward_s", "forward_backwa
 def test_bench_writes_a_complete_report(tmp_path, capsys):
     out = tmp_path / "bench.json"
     rc = main(["bench", "--size", "tiny", "--steps", "2", "--prompts", "1", "--generations", "2",
-               "--max-new-tokens", "8", "--json", str(out)])
+               "--max-new-tokens", "8", "--set", 'generation.engine="auto"', "--json", str(out)])
     assert rc == 0
     r = json.loads(out.read_text())
-    assert "ratio" in capsys.readouterr().out  # the table was printed
+    printed = capsys.readouterr().out
+    assert "ratio" in printed and "main thread busy" in printed  # the table was printed
     assert (r["model"], r["prompts"], r["generations"], r["max_new_tokens"]) == ("builtin:tiny", 1, 2, 8)
     assert r["lora"] is False and r["measured_steps"] == 2 and len(r["per_step"]) == 2
     assert set(r["step"]) == STEP_FIELDS and set(r["limit"]) == LIMIT_FIELDS
@@ -32,6 +34,10 @@ def test_bench_writes_a_complete_report(tmp_path, capsys):
                 "forward_backward_tokens_per_s", "peak_memory_gb", "update_memory_over_forward_backward"]:
         assert r[key] > 0, key
     assert r["step_over_limit"] == r["step"]["total_s"] / r["limit"]["total_s"]
+    assert r["rollout_engine"] == "compiled" and "compiled against mlx-lm's BatchGenerator" in printed
+    shares = r["host_share"]  # the main thread's CPU time is part of the wall time it was measured in
+    assert set(shares) == {"step", "rollout", "reference", "update"} and 0 < shares["step"] <= 1.05
+    assert shares["rollout"] == r["step"]["rollout_host_s"] / r["step"]["rollout_s"]
     assert set(r["machine"]) == {"matmul_float32_flops", "copy_bytes_per_s"} and min(r["machine"].values()) > 0
     for row in r["per_step"]:  # the work follows the step's tokens: tiny's counts (tests/test_roofline.py)
         tokens = row["step"]["completion_tokens"]

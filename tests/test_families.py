@@ -87,16 +87,18 @@ def test_two_steps_then_generate_export_and_mlx_lm_answers_the_same(tmp_path, sh
 
 
 @pytest.mark.parametrize("name", FAMILIES)
-def test_rollout_logprobs_equal_the_scorers_with_each_prompt_prefilled_once(shrunk, name):
+@pytest.mark.parametrize("engine", ["batch_generator", "auto"])
+def test_rollout_logprobs_equal_the_scorers_with_each_prompt_prefilled_once(shrunk, name, engine):
     """mlx-lm's BatchGenerator, each prompt prefilled once and its cache handed to all G rows
-    (attention, sliding-window, convolution and delta-net caches alike): every sampled token's
-    log-prob equals the full-sequence forward's."""
+    (attention, sliding-window, convolution and delta-net caches alike), and the compiled decode
+    loop where the family can use it: every sampled token's log-prob equals the full-sequence
+    forward's."""
     model, tokenizer, _ = load_base(ModelConfig(path=shrunk[name], dtype="float32"))
     prompts = [tokenizer.encode(render_prompt(tokenizer, q, "Be brief."), add_special_tokens=False) for q in QUESTIONS]
     mx.random.seed(0)
     rollout = generate_completions(model, tokenizer, prompts, num_generations=3, max_new_tokens=12,
                                    sampler=make_rollout_sampler(1.0, 1.0, 0, 0.0),
-                                   sampling_logprob=make_sampling_logprob(1.0, 1.0, 0, 0.0))
+                                   sampling_logprob=make_sampling_logprob(1.0, 1.0, 0, 0.0), engine=engine)
     scored = completion_logprobs(model, rollout.prompt_tokens, rollout.completion_tokens)
     for i, sampled in enumerate(rollout.sampling_logprobs):
         assert mx.allclose(scored[i, :len(sampled)], mx.array(sampled), atol=1e-4).item(), (name, i)

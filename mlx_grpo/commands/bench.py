@@ -39,6 +39,7 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 
 from mlx_grpo.commands import roofline
+from mlx_grpo.commands.bench_report import format_report, host_shares
 from mlx_grpo.commands.bench_tools import add_tools_arguments, tools_report
 from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
@@ -110,22 +111,24 @@ def _timed_step(b: _Bench) -> tuple[dict, object, list]:
     tr, s = b.tr, b.tr.sampling
     examples = b.stream.take(b.prompts)
     mx.reset_peak_memory()
+    h0 = time.thread_time()
     t0 = time.perf_counter()
     tr.model.eval()
     rollout = generate_completions(
         tr.model, tr.tokenizer, [e.prompt_tokens for e in examples], num_generations=s.num_generations,
-        max_new_tokens=s.max_new_tokens, sampler=tr.sampler, batch_size=s.batch_size,
+        max_new_tokens=s.max_new_tokens, sampler=tr.sampler, batch_size=s.batch_size, engine=s.engine,
     )
-    t1 = time.perf_counter()
+    t1, h1 = time.perf_counter(), time.thread_time()
     rewards, _ = b.reward_set.score(reward_batch(examples, rollout.texts, s.num_generations, rollout.completion_tokens))
     t2 = time.perf_counter()
     judge_s = b.reward_set.take_timing().get("time/judge", 0.0)
+    h2 = time.thread_time()
     batches = prepare_batches(tr.model, tr.ref_model, rollout, rewards, tr.settings)
-    t3 = time.perf_counter()
+    t3, h3 = time.perf_counter(), time.thread_time()
     before_update = mx.get_peak_memory()
     mx.reset_peak_memory()
     run_updates(tr.model, tr.optimizer, batches, tr.grad_fn, tr.settings)
-    t4 = time.perf_counter()
+    t4, h4 = time.perf_counter(), time.thread_time()
     update_peak = mx.get_peak_memory()
     return {
         **prefix_share(rollout), "total_s": t4 - t0, "rollout_s": t1 - t0, "rewards_s": t2 - t1, "judge_s": judge_s,
@@ -133,6 +136,8 @@ def _timed_step(b: _Bench) -> tuple[dict, object, list]:
         "update_s": t4 - t3, "completion_tokens": rollout.num_tokens,
         "scored_tokens": sum(float(x.mask.sum().item()) for x in batches),
         "peak_memory_gb": max(before_update, update_peak) / GB, "update_peak_memory_gb": update_peak / GB,
+        # the main thread's CPU seconds: Python, graph building and dispatch (MLX computes on its own threads)
+        "host_s": h4 - h0, "rollout_host_s": h1 - h0, "reference_host_s": h3 - h2, "update_host_s": h4 - h3,
     }, rollout, make_micro_batches(rollout, mx.zeros(len(rewards)), replace(tr.settings, shared_prefix=False))
 
 
@@ -223,7 +228,7 @@ def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> d
         "lora": cfg.lora.enabled, "prompts": cfg.training.prompts_per_step,
         "generations": cfg.generation.num_generations, "max_new_tokens": cfg.generation.max_new_tokens,
         "micro_batch_size": cfg.training.micro_batch_size, "beta": cfg.grpo.beta,
-        "compiled_step": COMPILE_STEP, "compile_choices": _compile_choices(tr.grad_fn),
+        "rollout_engine": tr.sampling.engine, "compiled_step": COMPILE_STEP, "compile_choices": _compile_choices(tr.grad_fn),
         "measured_steps": steps, "shared_prefix": cfg.training.shared_prefix,
         "prompt_tokens": prompt_tokens,
         "step": step, "limit": limit, "machine": machine, "achieved": work,
@@ -233,35 +238,10 @@ def run_bench(cfg, steps: int = 5, label: str = "", prompt_tokens: int = 0) -> d
         "update_tokens_per_s": step["scored_tokens"] / step["update_s"],
         "forward_backward_tokens_per_s": step["scored_tokens"] / limit["forward_backward_s"],
         "peak_memory_gb": step["peak_memory_gb"],
+        "host_share": host_shares(step),
         "update_memory_over_forward_backward": step["update_peak_memory_gb"] / limit["forward_backward_peak_memory_gb"],
         "per_step": rows,
     }
-
-
-def format_report(r: dict) -> str:
-    s, lim = r["step"], r["limit"]
-    lines = [
-        f"{r['model']}: {r['trainable_parameters']:,} trainable, P={r['prompts']} G={r['generations']} "
-        f"max_new_tokens={r['max_new_tokens']}, median of {r['measured_steps']} steps",
-        f"prompt share of tokens {s['prompt_share']:.3f}; shared_prefix={str(r['shared_prefix']).lower()} "
-        f"(a shared-prefix pass runs {s['shared_over_full_tokens']:.3f} of the padded rows' tokens)",
-        f"{'':24}{'trainer':>10}{'limit':>10}",
-        f"{'step (s)':24}{s['total_s']:10.2f}{lim['total_s']:10.2f}   ratio {r['step_over_limit']:.3f}",
-        f"{'  rollout / generation':24}{s['rollout_s']:10.2f}{lim['generation_s']:10.2f}",
-        f"{'  rewards':24}{s['rewards_s']:10.3f}" + (f"   judge {s['judge_s']:.3f}" if s["judge_s"] else ""),
-        f"{'  reference pass':24}{s['reference_s']:10.2f}",
-        f"{'  update / fwd+bwd':24}{s['update_s']:10.2f}{lim['forward_backward_s']:10.2f}"
-        f"   (fwd+bwd plain {lim['forward_backward_plain_s']:.2f}, compiled {lim['forward_backward_compiled_s']:.2f})",
-        f"{'rollout tokens/s':24}{r['rollout_tokens_per_s']:10.1f}{r['raw_generation_tokens_per_s']:10.1f}",
-        f"{'update tokens/s':24}{r['update_tokens_per_s']:10.1f}{r['forward_backward_tokens_per_s']:10.1f}",
-        f"{'peak memory (GB)':24}{s['update_peak_memory_gb']:10.3f}{lim['forward_backward_peak_memory_gb']:10.3f}"
-        f"   update / fwd+bwd {r['update_memory_over_forward_backward']:.2f}; step peak {r['peak_memory_gb']:.3f}",
-    ]
-    lines += roofline.format_achieved(r)
-    for c in r.get("compile_choices", []):
-        lines.append(f"update's compile decision at inputs {c['shapes'][0]}: {c['choice']} "
-                     f"(plain {c['seconds']['plain']:.2f} s, compiled {c['seconds']['compiled']:.2f} s)")
-    return "\n".join(lines)
 
 
 def add_arguments(parser):

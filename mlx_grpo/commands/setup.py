@@ -22,6 +22,7 @@ from mlx_grpo.models.load import add_adapters, checkpoint_layers, load_base
 from mlx_grpo.models.reference import load_reference
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout.quantized import QuantizedRollouts
+from mlx_grpo.rollout import engine as compiled_engine
 from mlx_grpo.rollout.sample import make_rollout_sampler
 from mlx_grpo.rollout.score import SamplingSettings
 from mlx_grpo.rollout.tool_rollout import ToolRollout
@@ -111,6 +112,19 @@ def prefix_sharing(settings: UpdateSettings, model, model_path: str, world: Worl
     return replace(settings, shared_prefix=False)
 
 
+def rollout_engine(cfg, model, world: World = SINGLE) -> str:
+    """generation.engine resolved for this model: "compiled" or "batch_generator", said once where
+    "auto" cannot compile it; "compiled" asked of a model it cannot run is refused."""
+    asked = cfg.generation.engine
+    why = compiled_engine.unsupported(model) if asked != "batch_generator" else None
+    if why and asked == "compiled":
+        raise TrainingError(f'generation.engine = "compiled": {cfg.model.path} cannot use it ({why}); '
+                            'set it to "auto" or "batch_generator"')
+    if why and world.is_main:
+        say(f"mlx-grpo: generation.engine: {cfg.model.path} decodes with mlx-lm's BatchGenerator ({why})")
+    return "batch_generator" if asked == "batch_generator" or why else "compiled"
+
+
 def _with_tools(cfg, toolset: Toolset | None, tokenizer, world: World) -> dict:
     """data.chat_template_kwargs with the tools' schemas; says so once where "auto" puts them in the
     system message because the chat template does not show them."""
@@ -146,7 +160,8 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     return Trainer(
         model, tokenizer, base_path, num_layers, ref_model, examples,
         sampler=make_rollout_sampler(gen.temperature, gen.top_p, gen.top_k, gen.min_p),
-        sampling=SamplingSettings.from_config(cfg), settings=settings,
+        sampling=replace(SamplingSettings.from_config(cfg), engine=rollout_engine(cfg, model, world)),
+        settings=settings,
         optimizer=make_optimizer(cfg.training, total_updates), grad_fn=make_update_grad_fn(model, settings),
         quantized=QuantizedRollouts(gen.quantize_bits) if gen.quantize_bits else None,
         tools=ToolRollout.make(toolset, tokenizer, cfg, data.chat_template_kwargs) if toolset else None,

@@ -57,6 +57,10 @@ DESCRIPTIONS = {
     "generation.min_p": "Drop tokens below min_p times the likeliest one's probability; 0 is off.",
     "generation.batch_size": "The most sequences decoded at once; 0 decodes all of a step's at once.",
     "generation.quantize_bits": "Sample from a 4- or 8-bit copy of the current policy; 0 is off.",
+    "generation.engine": "The decode loop: mlx-lm's `batch_generator`; `compiled`, one compiled step of fixed "
+                         "shapes (models whose layers all keep a plain KV cache; a batch_size that splits a "
+                         "group falls back); or `auto`, compiled where the model allows it, else "
+                         "BatchGenerator, said once at start. Same sampled distribution, another random stream.",
     "generation.max_turns": "With tools: model turns an episode may have; one still calling tools after "
                             "its last is truncated.",
     "generation.max_tool_calls": "With tools: calls an episode may make (those past it are answered with an "

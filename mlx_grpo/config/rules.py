@@ -75,6 +75,7 @@ RULES: dict[str, Rule] = {
     "generation.max_turns": _within(1, 1000),
     "generation.max_tool_calls": _at_least(0),
     "generation.max_episode_tokens": _within(0, MAX_TOKENS),
+    "generation.engine": _one_of("auto", "compiled", "batch_generator"),
     "grpo.beta": _at_least(0),
     "grpo.epsilon": _above(0),
     "grpo.epsilon_high": _above(0),

@@ -15,6 +15,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
 
+from mlx_grpo.rollout import engine as compiled_engine
+
 
 @dataclass
 class Rollout:
@@ -94,14 +96,23 @@ def generate_completions(
     batch_size: int = 0,
     sampling_logprob=None,
     on_progress=None,
+    engine: str = "batch_generator",
 ) -> Rollout:
     """Sample `num_generations` completions for each prompt, all decoded in one batch.
 
     `sampling_logprob` (from `make_sampling_logprob`, with the sampler's settings) keeps each
     sampled token's log-prob in `Rollout.sampling_logprobs`; it draws no random numbers, so the
     tokens are the same with or without it. on_progress(tokens sampled, sequences finished,
-    sequences) is called after each decode step.
+    sequences) is called after each decode step. `engine`: "compiled" decodes with
+    rollout/engine.py (the model must be one it supports), "auto" there where it can, else (and
+    for "batch_generator", or a batch_size that is not a multiple of num_generations) with mlx-lm's
+    BatchGenerator.
     """
+    # the compiled loop decodes whole groups: a batch_size that splits one is BatchGenerator's to keep
+    whole_groups = batch_size % num_generations == 0
+    if engine != "batch_generator" and whole_groups and (engine == "compiled" or compiled_engine.unsupported(model) is None):
+        return _compiled_rollout(model, tokenizer, prompts, num_generations, max_new_tokens, sampler,
+                                 batch_size, sampling_logprob, on_progress)
     eos = sorted(tokenizer.eos_token_ids)
     n = len(prompts) * num_generations
     gen = BatchGenerator(
@@ -143,14 +154,33 @@ def generate_completions(
             for uid, v in zip(step_uids, lp.tolist()):
                 by_uid[uid].append(v)
         sampling_logprobs = [by_uid[u] for u in uids]
-    eos_set = set(eos)
-    completions = [tokens[u] for u in uids]
-    texts = [tokenizer.decode(c[:-1] if c and c[-1] in eos_set else c) for c in completions]
+    return _rollout(tokenizer, prompts, num_generations, [tokens[u] for u in uids],
+                    [finish[u] == "length" for u in uids], sampling_logprobs)
+
+
+def _compiled_rollout(model, tokenizer, prompts, num_generations, max_new_tokens, sampler, batch_size,
+                      sampling_logprob, on_progress) -> Rollout:
+    # batch_size bounds the rows decoded at once, as BatchGenerator's does: whole groups at a time
+    per_batch = (batch_size or len(prompts) * num_generations) // num_generations
+    tokens, logprobs, truncated = [], [], []
+    for i in range(0, len(prompts), per_batch):
+        t, lp, tr = compiled_engine.decode(
+            model, prompts[i:i + per_batch], group_size=num_generations, max_new_tokens=max_new_tokens,
+            sampler=sampler, eos=tokenizer.eos_token_ids, logprob=sampling_logprob, on_progress=on_progress)
+        tokens += t
+        logprobs += lp
+        truncated += tr
+    return _rollout(tokenizer, prompts, num_generations, tokens, truncated,
+                    logprobs if sampling_logprob is not None else None)
+
+
+def _rollout(tokenizer, prompts, num_generations, completions, truncated, sampling_logprobs) -> Rollout:
+    eos = set(tokenizer.eos_token_ids)
     return Rollout(
         prompt_tokens=[p for p in prompts for _ in range(num_generations)],
         completion_tokens=completions,
-        texts=texts,
-        truncated=[finish[u] == "length" for u in uids],
+        texts=[tokenizer.decode(c[:-1] if c and c[-1] in eos else c) for c in completions],
+        truncated=truncated,
         group_size=num_generations,
         sampling_logprobs=sampling_logprobs,
     )

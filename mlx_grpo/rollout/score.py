@@ -32,12 +32,13 @@ class SamplingSettings:
     top_p: float = 1.0
     top_k: int = 0
     min_p: float = 0.0
+    engine: str = "batch_generator"  # generation.engine as setup resolved it for the model
 
     @classmethod
     def from_config(cls, cfg) -> "SamplingSettings":
         gen, g = cfg.generation, cfg.grpo
         return cls(gen.num_generations, gen.max_new_tokens, gen.batch_size, g.overlong_penalty, g.overlong_buffer,
-                   gen.temperature, gen.top_p, gen.top_k, gen.min_p)
+                   gen.temperature, gen.top_p, gen.top_k, gen.min_p, gen.engine)
 
 
 @dataclass
@@ -129,7 +130,7 @@ def sample_and_score(model, tokenizer, examples, reward_set, sampler, s: Samplin
             model, tokenizer, [e.prompt_tokens for e in examples],
             num_generations=G, max_new_tokens=s.max_new_tokens, sampler=sampler, batch_size=s.batch_size,
             sampling_logprob=make_sampling_logprob(s.temperature, s.top_p, s.top_k, s.min_p),
-            on_progress=on_progress,
+            on_progress=on_progress, engine=s.engine,
         )
     batch = reward_batch(examples, rollout.texts, G, rollout.completion_tokens, trainer_state)
     if rollout.episodes is not None:

@@ -1,0 +1,181 @@
+"""A decode loop of our own for GRPO's shape: P prompts x G completions, one compiled step.
+
+mlx-lm's BatchGenerator builds each decode step's graph in Python, layer by layer, and reads
+the sampled tokens back every step. For small models and short completions that overhead is
+most of the rollout (on a Mac it is paid in kernel launches). Here every layer's keys and values
+are allocated once at their final length, every row writes the same column, and the whole step
+(the model, the sampler, the sampled token's log-prob) is one `mx.compile`d function of fixed
+shapes: it is traced again only when the batch or the buffer length changes, and the prompt part
+of the buffer is rounded up (`PROMPT_BUCKET`) so prompts of similar length share a trace. The host
+looks for finished rows every `CHECK_EVERY` tokens, on tokens computed a check earlier, so the
+device never waits on a read.
+
+Each prompt is prefilled once and its cache copied into its G rows, left-padded so that all
+rows' next token goes to one column; the mask hides the padding. Only models whose every layer
+keeps a plain KVCache can run here: `unsupported` names what another model keeps, and the
+rollout then uses BatchGenerator.
+"""
+
+from functools import partial
+import weakref
+
+import mlx.core as mx
+from mlx_lm.models.cache import KVCache, make_prompt_cache
+
+PROMPT_BUCKET = 32  # prompt columns are rounded up to a multiple of this (fewer re-traces)
+CHECK_EVERY = 8  # decode steps between looks for finished rows
+
+
+class StaticKVCache:
+    """One layer's keys and values at full length, written at column `idx` (a scalar array):
+    the part of mlx-lm's cache interface its attention layers call."""
+
+    def __init__(self, keys, values, idx, offset, left_padding):
+        self.keys, self.values = keys, values
+        self.idx = idx  # the column the current token is written to, the same for every row
+        self.offset = offset  # (B,) each row's position: what RoPE reads
+        self.left_padding = left_padding  # (B,) columns before each row's prompt
+
+    def update_and_fetch(self, keys, values):
+        start = self.idx.reshape(1)
+        self.keys = mx.slice_update(self.keys, keys, start, axes=(2,))
+        self.values = mx.slice_update(self.values, values, start, axes=(2,))
+        return self.keys, self.values
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
+        cols = mx.arange(self.keys.shape[2])[None]
+        last = self.idx + N - 1
+        mask = (cols >= self.left_padding[:, None]) & (cols <= last)
+        if window_size is not None:
+            mask = mask & (cols > last - window_size)
+        return mask[:, None, None, :]
+
+
+def unsupported(model) -> str | None:
+    """Why this model cannot decode here (None: it can)."""
+    kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
+    return f"its layers keep {', '.join(sorted(kinds))}, not only KVCache" if kinds else None
+
+
+_STEPS = {}  # (id(model), sampler, logprob) -> (weak reference to the model, compiled step)
+
+
+def _compiled_step(model, sampler, logprob):
+    key = (id(model), sampler, logprob)
+    ref, step = _STEPS.get(key, (None, None))
+    if ref is None or ref() is not model:  # a model since freed may have left its id to this one
+        for stale in [k for k, (r, _) in _STEPS.items() if r() is None]:
+            del _STEPS[stale]
+        step = _make_step(model, sampler, logprob)
+        _STEPS[key] = (weakref.ref(model), step)
+    return step
+
+
+def _make_step(model, sampler, logprob):
+    # The weights are read at each call (inputs), so an optimizer update is seen without a re-trace.
+    @partial(mx.compile, inputs=[model.state, mx.random.state], outputs=[mx.random.state])
+    def step(tokens, keys, values, idx, offset, left_padding):
+        caches = [StaticKVCache(k, v, idx, offset, left_padding) for k, v in zip(keys, values)]
+        logits = model(tokens[:, None], cache=caches)[:, -1, :]
+        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as BatchGenerator hands the sampler
+        nxt = sampler(logprobs).astype(mx.uint32)
+        lp = logprob(logprobs, nxt) if logprob is not None else mx.zeros(nxt.shape, mx.float32)
+        return nxt, lp, [c.keys for c in caches], [c.values for c in caches]
+
+    return step
+
+
+def _prefix_buffers(model, prompts, group_size, new_tokens):
+    """Per layer, keys and values (B, heads, columns, dims) holding each row's prompt[:-1],
+    right-aligned at column `start`; returns them with `start` and each prompt's length."""
+    prefills = []
+    for prompt in prompts:
+        cache = make_prompt_cache(model)
+        if len(prompt) > 1:
+            model(mx.array(prompt[:-1])[None], cache=cache)
+        prefills.append(cache)
+    lengths = [len(p) - 1 for p in prompts]
+    start = -(-max(lengths) // PROMPT_BUCKET) * PROMPT_BUCKET if max(lengths) else 0
+    width = start + new_tokens
+    keys, values = [], []
+    for layer in range(len(prefills[0])):
+        per_kind = []
+        for kind in ("keys", "values"):
+            rows = []
+            for cache, n in zip(prefills, lengths):
+                part = getattr(cache[layer], kind)
+                part = part[..., :n, :] if part is not None else None
+                rows.append(_row(part, n, start, width, like=_shape_of(prefills, layer, kind, model)))
+            per_kind.append(mx.repeat(mx.concatenate(rows), group_size, axis=0))
+        keys.append(per_kind[0])
+        values.append(per_kind[1])
+    return keys, values, start, lengths
+
+
+def _shape_of(prefills, layer, kind, model):
+    """(heads, dims, dtype) of a layer's keys or values, from any prompt that has some."""
+    for cache in prefills:
+        part = getattr(cache[layer], kind)
+        if part is not None:
+            return part.shape[1], part.shape[3], part.dtype
+    # no prompt longer than one token: one step of the model tells the shape
+    probe = make_prompt_cache(model)
+    model(mx.array([[0]]), cache=probe)
+    part = getattr(probe[layer], kind)
+    return part.shape[1], part.shape[3], part.dtype
+
+
+def _row(part, n, start, width, like):
+    heads, dims, dtype = like
+    pieces = [mx.zeros((1, heads, start - n, dims), dtype)]
+    if n:
+        pieces.append(part.astype(dtype))
+    pieces.append(mx.zeros((1, heads, width - start, dims), dtype))
+    return mx.concatenate(pieces, axis=2)
+
+
+def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=None, on_progress=None):
+    """Sample `group_size` completions of each prompt. Returns per row (prompt-major) the tokens
+    (the ending EOS included), each token's log-prob under the sampling distribution (zeros when
+    `logprob` is None) and whether it stopped at `max_new_tokens` rather than at an EOS."""
+    keys, values, start, lengths = _prefix_buffers(model, prompts, group_size, max_new_tokens)
+    rows = len(prompts) * group_size
+    offset = mx.array([n for n in lengths for _ in range(group_size)], dtype=mx.int32)
+    left = start - offset
+    tokens = mx.array([p[-1] for p in prompts for _ in range(group_size)], dtype=mx.uint32)
+    step = _compiled_step(model, sampler, logprob)
+    out, eos = [], mx.array(sorted(eos))
+    ended = mx.zeros((rows,), dtype=mx.bool_)
+    checked = 0
+    for k in range(max_new_tokens):
+        tokens, lp, keys, values = step(tokens, keys, values, mx.array(start + k, dtype=mx.int32), offset + k, left)
+        ended = ended | mx.any(tokens[:, None] == eos[None], axis=1)
+        mx.async_eval(tokens, lp, ended)
+        out.append((tokens, lp, ended))
+        if (k + 1) % CHECK_EVERY == 0 and k + 1 > CHECK_EVERY:
+            checked = k + 1 - CHECK_EVERY  # the step a check ago, long since computed
+            done = out[checked - 1][2]
+            if on_progress:
+                on_progress(checked * rows, int(done.sum().item()), rows)
+            if done.all().item():
+                break
+    return _assemble(out, set(eos.tolist()), rows, max_new_tokens, on_progress)
+
+
+def _assemble(out, eos, rows, max_new_tokens, on_progress):
+    mx.eval([(t, lp) for t, lp, _ in out])
+    by_step = [(t.tolist(), lp.tolist()) for t, lp, _ in out]
+    tokens, logprobs, truncated = [], [], []
+    for r in range(rows):
+        seq, lps = [], []
+        for t, lp in by_step:
+            seq.append(t[r])
+            lps.append(lp[r])
+            if t[r] in eos:
+                break
+        tokens.append(seq)
+        logprobs.append(lps)
+        truncated.append(seq[-1] not in eos)
+    if on_progress:
+        on_progress(sum(len(s) for s in tokens), rows, rows)
+    return tokens, logprobs, truncated

@@ -1,0 +1,138 @@
+"""The compiled decode loop (rollout/engine.py) against mlx-lm's BatchGenerator: greedy decoding
+gives the same tokens, sampled tokens' log-probs equal the scorer's, weights changed after the
+first trace are the ones decoded with, and models it cannot run are named and left to
+BatchGenerator."""
+
+import mlx.core as mx
+import mlx.optimizers as optim
+import pytest
+from mlx.utils import tree_map
+from mlx_lm.tuner.utils import linear_to_lora_layers
+
+from mlx_grpo.algorithm.loss import completion_logprobs
+from mlx_grpo.commands.setup import rollout_engine
+from mlx_grpo.config import load_config
+from mlx_grpo.config.sections import ModelConfig
+from mlx_grpo.data.chat import render_prompt
+from mlx_grpo.errors import TrainingError
+from mlx_grpo.models.load import load_base
+from mlx_grpo.models.shapes import build_shape
+from mlx_grpo.rollout import engine
+from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler, make_sampling_logprob
+
+QUESTIONS = ["What is 2 + 3?", "What is 12 times 7 minus 5, and then plus 40?"]
+GREEDY = make_rollout_sampler(0.0, 1.0, 0, 0.0)
+
+
+def _prompts(tokenizer, extra_short=True):
+    prompts = [tokenizer.encode(render_prompt(tokenizer, q, "Be brief."), add_special_tokens=False)
+               for q in QUESTIONS]
+    return prompts + [prompts[0][-1:]] if extra_short else prompts  # a one-token prompt: nothing to prefill
+
+
+def _both(model, tokenizer, prompts, sampler=GREEDY, **kw):
+    return [generate_completions(model, tokenizer, prompts, sampler=sampler, engine=e, **kw)
+            for e in ("batch_generator", "compiled")]
+
+
+def test_greedy_tokens_equal_batch_generators_across_prompt_lengths(tiny):
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer)
+    assert len({len(p) for p in prompts}) == 3  # left padding differs per row
+    bg, ours = _both(model, tokenizer, prompts, num_generations=2, max_new_tokens=40)
+    assert ours.completion_tokens == bg.completion_tokens
+    assert ours.texts == bg.texts and ours.truncated == bg.truncated
+    assert any(bg.truncated) and not all(bg.truncated)  # rows that end and rows cut at the limit
+
+
+def test_batch_size_decodes_whole_groups_at_a_time(tiny):
+    model, tokenizer = tiny
+    prompts = _prompts(tokenizer)
+    whole = generate_completions(model, tokenizer, prompts, num_generations=2, max_new_tokens=24,
+                                 sampler=GREEDY, engine="compiled")
+    parts = generate_completions(model, tokenizer, prompts, num_generations=2, max_new_tokens=24,
+                                 sampler=GREEDY, engine="compiled", batch_size=2)
+    assert parts.completion_tokens == whole.completion_tokens
+
+
+def test_sampled_logprobs_equal_the_scorers(tiny):
+    model, tokenizer = tiny
+    mx.random.seed(3)
+    r = generate_completions(model, tokenizer, _prompts(tokenizer, extra_short=False), num_generations=4,
+                             max_new_tokens=24, sampler=make_rollout_sampler(1.0, 1.0, 0, 0.0),
+                             sampling_logprob=make_sampling_logprob(1.0, 1.0, 0, 0.0), engine="compiled")
+    scored = completion_logprobs(model, r.prompt_tokens, r.completion_tokens)
+    for i, sampled in enumerate(r.sampling_logprobs):
+        assert len(sampled) == len(r.completion_tokens[i])
+        assert mx.allclose(scored[i, :len(sampled)], mx.array(sampled), atol=1e-4).item(), i
+    assert len({tuple(c) for c in r.completion_tokens}) > 4  # sampled, not one answer repeated
+
+
+def test_an_update_after_the_first_trace_is_decoded_with(tiny_path):
+    """The compiled step reads the weights at each call: after an optimizer step the LoRA policy's
+    greedy tokens are the updated model's, as BatchGenerator decodes them."""
+    model, tokenizer, _ = load_base(ModelConfig(path=tiny_path, dtype="float32"))
+    model.freeze()
+    linear_to_lora_layers(model, 4, {"rank": 4, "scale": 20.0, "dropout": 0.0})
+    prompts = _prompts(tokenizer)
+    before = generate_completions(model, tokenizer, prompts, num_generations=1, max_new_tokens=16,
+                                  sampler=GREEDY, engine="compiled")
+    mx.random.seed(0)
+    grads = tree_map(lambda p: mx.random.normal(p.shape), model.trainable_parameters())
+    optim.Adam(learning_rate=0.05).update(model, grads)
+    mx.eval(model.parameters())
+    bg, ours = _both(model, tokenizer, prompts, num_generations=1, max_new_tokens=16)
+    assert ours.completion_tokens == bg.completion_tokens
+    assert ours.completion_tokens != before.completion_tokens  # the update changed what is decoded
+
+
+@pytest.mark.parametrize("name", ["qwen3-0.6b", "llama-3.2-1b"])
+def test_other_families_decode_the_same(tmp_path, name):
+    folder = build_shape(tmp_path, name, shrunk=True)
+    model, tokenizer, _ = load_base(ModelConfig(path=str(folder), dtype="float32"))
+    assert engine.unsupported(model) is None
+    bg, ours = _both(model, tokenizer, _prompts(tokenizer), num_generations=2, max_new_tokens=12)
+    assert ours.completion_tokens == bg.completion_tokens
+
+
+def test_a_sliding_window_model_is_named_and_left_to_batch_generator(tmp_path, capsys):
+    folder = build_shape(tmp_path, "gemma-3-1b", shrunk=True)
+    model, tokenizer, _ = load_base(ModelConfig(path=str(folder), dtype="float32"))
+    assert "RotatingKVCache" in engine.unsupported(model)
+    cfg = load_config(None, overrides=[f'model.path="{folder}"', 'generation.engine="auto"'])
+    assert rollout_engine(cfg, model) == "batch_generator"
+    said = " ".join(capsys.readouterr().out.split())
+    assert "decodes with mlx-lm's BatchGenerator (its layers keep RotatingKVCache, not only KVCache)" in said
+    cfg = load_config(None, overrides=[f'model.path="{folder}"', 'generation.engine="compiled"'])
+    with pytest.raises(TrainingError, match='generation.engine = "compiled": .* cannot use it'):
+        rollout_engine(cfg, model)
+
+
+def test_auto_compiles_a_plain_model_and_batch_generator_is_the_default(tiny):
+    model, _ = tiny
+    assert rollout_engine(load_config(None), model) == "batch_generator"
+    assert rollout_engine(load_config(None, overrides=['generation.engine="auto"']), model) == "compiled"
+
+
+def test_a_batch_size_that_splits_a_group_is_left_to_batch_generator(tiny, monkeypatch):
+    model, tokenizer = tiny
+    monkeypatch.setattr(engine, "decode", None)  # any call to the compiled loop would fail
+    r = generate_completions(model, tokenizer, _prompts(tokenizer), num_generations=2, max_new_tokens=8,
+                             sampler=GREEDY, engine="compiled", batch_size=3)
+    assert len(r.completion_tokens) == 6
+
+
+def test_a_training_run_decodes_with_the_compiled_loop(tmp_path, monkeypatch):
+    """`generation.engine = "compiled"` through `train`: every rollout goes through the compiled loop."""
+    from mlx_grpo import cli
+    from mlx_grpo.run.log import read_metrics
+
+    calls = []
+    decode = engine.decode
+    monkeypatch.setattr(engine, "decode", lambda *a, **k: calls.append(1) or decode(*a, **k))
+    run = tmp_path / "run"
+    assert cli.main(["train", "--config", "configs/smoke_test.toml", "--set", f'output_dir="{run}"',
+                     "--set", "training.max_steps=2", "--set", 'generation.engine="compiled"']) == 0
+    rows = read_metrics(run)
+    assert len(rows) == 2 and len(calls) >= 2
+    assert all(r["loss"] == r["loss"] and r["completions/mean_length"] > 0 for r in rows)

@@ -6,6 +6,7 @@ import json
 import os
 import statistics
 import sys
+import time
 from pathlib import Path
 
 RESULT = "ANCHOR_RESULT "  # run.py reads the one stdout line that starts with this
@@ -46,6 +47,12 @@ def read_rows(path: str) -> list[dict]:
         return [json.loads(line) for line in f if line.strip()]
 
 
+def chat_rows(path: str) -> list[dict]:
+    """The prompts file as TRL-style rows: a system and a user message, and the answer."""
+    return [{"prompt": [{"role": "system", "content": r["system"]}, {"role": "user", "content": r["question"]}],
+             "answer": r["answer"]} for r in read_rows(path)]
+
+
 def report(tool: str, version: str, seconds: list[float], warmup: int, covers: str,
            completion_tokens: list[float] | None = None, **extra) -> None:
     """Print the result line: the measured steps' seconds (warm-up steps dropped) and their median."""
@@ -57,3 +64,24 @@ def report(tool: str, version: str, seconds: list[float], warmup: int, covers: s
     if completion_tokens:
         out["mean_completion_tokens"] = statistics.mean(completion_tokens[warmup:] or completion_tokens)
     print(RESULT + json.dumps(out), flush=True)
+
+
+def step_clock(base=object):
+    """(callback, stamps, tokens): a trainer callback of the Hugging Face kind (on_train_begin,
+    on_step_end, on_log), made from `base`, that stamps the start of training and the end of each
+    optimizer step and keeps each logged mean completion length."""
+    stamps, tokens = [], []
+
+    class Clock(base):
+        def on_train_begin(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+
+        def on_step_end(self, args, state, control, **kw):
+            stamps.append(time.perf_counter())
+            print(f"anchor: step {state.global_step}: {stamps[-1] - stamps[-2]:.3f} s", file=sys.stderr, flush=True)
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            if logs and "completions/mean_length" in logs:
+                tokens.append(float(logs["completions/mean_length"]))
+
+    return Clock(), stamps, tokens

@@ -13,10 +13,9 @@ close to mlx-grpo's gsm8k_correctness and xml_format in cost.
 import re
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from common import linked_model, parser, read_rows, report
+from common import chat_rows, linked_model, parser, report, step_clock
 
 ANSWER = re.compile(r"<answer>\s*(.*?)\s*</answer>", re.S)
 
@@ -47,10 +46,7 @@ def main() -> None:
     from transformers import TrainerCallback
     from trl import GRPOConfig, GRPOTrainer
 
-    rows = read_rows(a.data)
-    ds = Dataset.from_list([{"prompt": [{"role": "system", "content": r["system"]},
-                                        {"role": "user", "content": r["question"]}],
-                             "answer": r["answer"]} for r in rows])
+    ds = Dataset.from_list(chat_rows(a.data))
     work = Path(a.workdir) / "trl"
     shutil.rmtree(work, ignore_errors=True)
     model = linked_model(a.model, work / "model", {"config.json": {"architectures": ["Qwen2ForCausalLM"]}})
@@ -62,19 +58,7 @@ def main() -> None:
         learning_rate=1e-6, temperature=1.0, seed=0, dataloader_num_workers=0,
         model_init_kwargs={"dtype": torch.float32},
     )
-    stamps, tokens = [], []
-
-    class Clock(TrainerCallback):
-        def on_train_begin(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-            print(f"anchor: step {state.global_step}: {stamps[-1] - stamps[-2]:.3f} s", file=sys.stderr, flush=True)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                tokens.append(float(logs["completions/mean_length"]))
+    clock, stamps, tokens = step_clock(TrainerCallback)
 
     peft = None
     if a.lora_rank:  # every linear layer of every block, as mlx-grpo's LoRA
@@ -83,7 +67,7 @@ def main() -> None:
         peft = LoraConfig(r=a.lora_rank, lora_alpha=2 * a.lora_rank, lora_dropout=0.0, target_modules="all-linear",
                           task_type="CAUSAL_LM")
     trainer = GRPOTrainer(model=str(model), reward_funcs=[correctness, tag_format], args=cfg, train_dataset=ds,
-                          callbacks=[Clock()], peft_config=peft)
+                          callbacks=[clock], peft_config=peft)
     n = sum(x.numel() for x in trainer.model.parameters() if x.requires_grad)
     print(f"anchor: {n:,} trainable parameters, dtype {next(trainer.model.parameters()).dtype}, "
           f"torch threads {torch.get_num_threads()}", file=sys.stderr, flush=True)

@@ -31,10 +31,9 @@ on_train_begin, the first --warmup steps (its compile), the adapter/model save a
 import platform
 import shutil
 import sys
-import time
 from pathlib import Path
 
-from common import parser, read_rows, report
+from common import chat_rows, parser, report, step_clock
 from trl_driver import correctness, tag_format
 
 
@@ -63,10 +62,7 @@ def main() -> None:
 
     from datasets import Dataset
 
-    rows = read_rows(a.data)
-    ds = Dataset.from_list([{"prompt": [{"role": "system", "content": r["system"]},
-                                        {"role": "user", "content": r["question"]}],
-                             "answer": r["answer"]} for r in rows])
+    ds = Dataset.from_list(chat_rows(a.data))
     work = Path(a.workdir) / "unsloth"
     shutil.rmtree(work, ignore_errors=True)
     work.mkdir(parents=True)
@@ -84,22 +80,10 @@ def main() -> None:
         beta=a.beta, learning_rate=1e-6, warmup_steps=0, temperature=1.0, seed=0, logging_steps=1,
         report_to="none", gradient_checkpointing=gc, max_seq_length=2048,
     )
-    stamps, tokens = [], []
-
-    class Clock:
-        def on_train_begin(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-
-        def on_step_end(self, args, state, control, **kw):
-            stamps.append(time.perf_counter())
-            print(f"anchor: step {state.global_step}: {stamps[-1] - stamps[-2]:.3f} s", file=sys.stderr, flush=True)
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            if logs and "completions/mean_length" in logs:
-                tokens.append(float(logs["completions/mean_length"]))
+    clock, stamps, tokens = step_clock()
 
     trainer = MLXGRPOTrainer(model=model, tokenizer=tokenizer, train_dataset=ds, args=cfg,
-                             reward_funcs=[correctness, tag_format], callbacks=[Clock()])
+                             reward_funcs=[correctness, tag_format], callbacks=[clock])
     from mlx.utils import tree_flatten
 
     n = sum(v.size for _, v in tree_flatten(model.trainable_parameters()))

@@ -101,11 +101,11 @@ def _prefix_buffers(model, prompts, group_size, new_tokens):
     for layer in range(len(prefills[0])):
         per_kind = []
         for kind in ("keys", "values"):
+            like = _shape_of(prefills, layer, kind, model)
             rows = []
             for cache, n in zip(prefills, lengths):
                 part = getattr(cache[layer], kind)
-                part = part[..., :n, :] if part is not None else None
-                rows.append(_row(part, n, start, width, like=_shape_of(prefills, layer, kind, model)))
+                rows.append(_row(part[..., :n, :] if n else None, n, start, width, like))
             per_kind.append(mx.repeat(mx.concatenate(rows), group_size, axis=0))
         keys.append(per_kind[0])
         values.append(per_kind[1])

@@ -146,7 +146,6 @@ def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=
     step = _compiled_step(model, sampler, logprob)
     out, eos = [], mx.array(sorted(eos))
     ended = mx.zeros((rows,), dtype=mx.bool_)
-    checked = 0
     for k in range(max_new_tokens):
         tokens, lp, keys, values = step(tokens, keys, values, mx.array(start + k, dtype=mx.int32), offset + k, left)
         ended = ended | mx.any(tokens[:, None] == eos[None], axis=1)
@@ -159,10 +158,10 @@ def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=
                 on_progress(checked * rows, int(done.sum().item()), rows)
             if done.all().item():
                 break
-    return _assemble(out, set(eos.tolist()), rows, max_new_tokens, on_progress)
+    return _assemble(out, set(eos.tolist()), rows, on_progress)
 
 
-def _assemble(out, eos, rows, max_new_tokens, on_progress):
+def _assemble(out, eos, rows, on_progress):
     mx.eval([(t, lp) for t, lp, _ in out])
     by_step = [(t.tolist(), lp.tolist()) for t, lp, _ in out]
     tokens, logprobs, truncated = [], [], []

@@ -305,9 +305,9 @@ def _completions(s, r) -> float:
 
 
 def _checkpointed_features(s, r) -> list:
-    """Tokens in every layer (CKPT_SHARED_STORED) and one group's plain layer (CKPT_SHARED_LAYERS)."""
+    """Tokens in every layer (CKPT_SHARED_STORED) and the micro-batch's plain layer (CKPT_SHARED_LAYERS)."""
     pt, _, ct, _ = _counts(r)
-    return [s.layers * s.hidden * (pt + ct), sum(predict._shared_layer(s, r, min(r.group_size, r.part_rows), 1))]
+    return [s.layers * s.hidden * (pt + ct), sum(predict._shared_layer(s, r, r.part_rows, r.part_rows // r.group_size))]
 
 
 def _checkpointed_known(s, r) -> float:

@@ -141,7 +141,7 @@ def test_the_probe_gives_each_group_its_own_prompt_on_the_shared_prefix_path():
     prompts = []
 
     def grad_fn(batch):
-        prompts.append(len(batch.prompts))
+        prompts.append(batch.prefix.shape[0])
         return tr.grad_fn(batch)
 
     worst_case_update(tr.model, tr.ref_model, grad_fn, tr.settings, cfg)

@@ -1,26 +1,34 @@
 """Shared-prefix scoring: each group's prompt runs once, its G completions run on top.
 
-A group's prompt p is run once over p[:-1]; each layer's keys and values are repeated along
-the batch for its G completions, which then run as inputs [p[-1]] + c[:-1] (right-padded) on
-top of that prefix, so logits position t predicts completion token t. Gradients reach the
-prompt's keys/values from every completion and flow back through the one prefix pass. The
-log-probs equal those of the padded full sequences (`pack_sequences`) to float precision
-(tests/test_prefix.py); the prompt's work drops from G passes to one.
+A group's prompt p is run once over p[:-1]; each layer's keys and values are gathered along the
+batch for its G completions, which then run as inputs [p[-1]] + c[:-1] (right-padded) on top of
+that prefix, so logits position t predicts completion token t. Gradients reach the prompt's
+keys/values from every completion and flow back through the one prefix pass. The log-probs equal
+those of the padded full sequences (`pack_sequences`) to float precision (tests/test_prefix.py);
+the prompt's work drops from G passes to one.
+
+A micro-batch's prompts run as one (groups, columns) pass, left-padded (`columns.prefix_columns`),
+so that its arrays, and a compiled step traced on them, keep their shapes from step to
+step. Within a group every position moves by the same padding, so the distances RoPE sees are the
+unpadded ones; the masks hide the padding from every real token (a padding query sees itself, so
+its softmax has a term).
 """
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlx_grpo.algorithm.chunked import head_logprobs
+from mlx_grpo.algorithm.columns import prefix_columns
 from mlx_grpo.algorithm.loss import split_head, token_logprobs, token_logprobs_and_entropies
 
 
 class PrefixCache:
     """The part of mlx-lm's KVCache interface the attention layers use, without in-place writes
-    (each call concatenates), so gradients and mx.checkpoint see plain array functions."""
+    (each call concatenates), so gradients and mx.checkpoint see plain array functions. `mask`,
+    when set, is what the next forward's attention gets (padded prompts need one)."""
 
     def __init__(self):
-        self.keys = self.values = None
+        self.keys = self.values = self.mask = None
         self.offset = 0
 
     def update_and_fetch(self, keys, values):
@@ -33,6 +41,8 @@ class PrefixCache:
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
         if window_size is not None:
             raise ValueError("shared-prefix scoring does not support sliding-window attention")
+        if self.mask is not None:
+            return self.mask
         if n == 1:
             return None
         if not return_array:
@@ -58,25 +68,46 @@ def unshared_cache_kinds(model) -> list[str]:
     return sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
 
 
-def group_hidden(model, body, prompt: mx.array, inputs: mx.array) -> mx.array:
-    """Final hidden states (G, T, D) of one group: prompt (P,) run once, inputs (G, T) on top of
-    it; logits (G, T, V) where `body` is the whole model (`split_head`)."""
+def group_hidden(model, body, prefix: mx.array, pad: mx.array, row_group: mx.array, inputs: mx.array) -> mx.array:
+    """Final hidden states (N, T, D) of completion inputs (N, T), each row on top of its group's
+    prompt: prefix (groups, C) left-padded by pad (groups,) columns, row_group (N,) each row's
+    group; logits (N, T, V) where `body` is the whole model (`split_head`).
+
+    All groups run in one pass, not one after another: on builtin:small (4 groups of 4, 32-token
+    completions) a forward+backward measured 0.95 s against 1.42 s and a 10% lower peak; on
+    builtin:tiny, whose backward transients outweigh what it stores, 0.10 s against 0.14 s at a 17%
+    higher peak (51 against 43 MB)."""
     cache = [PrefixCache() for _ in range(len(model.layers))]
-    if prompt.shape[0] > 1:
-        body(prompt[None, :-1], cache=cache)  # (1, P-1): keys/values only, no head
-        for c in cache:  # a broadcast view: the concatenation with the completions' keys is the one copy
-            c.keys, c.values = (mx.broadcast_to(a, (inputs.shape[0], *a.shape[1:])) for a in (c.keys, c.values))
+    if prefix.shape[1]:
+        seen = mx.arange(prefix.shape[1])[None] >= pad[:, None]  # (groups, C): the real prompt columns
+        cache[0].mask = _prefix_mask(seen)
+        body(prefix, cache=cache)  # keys/values only: the head never runs here
+        for c in cache:
+            c.keys, c.values = c.keys[row_group], c.values[row_group]
+        cache[0].mask = _completion_mask(seen[row_group], inputs.shape[1])
     return body(inputs, cache=cache)
 
 
+def _prefix_mask(seen: mx.array) -> mx.array:
+    """(groups, 1, C, C): causal over the real columns; a padding column sees itself only."""
+    C = seen.shape[1]
+    causal = mx.tril(mx.ones((C, C), dtype=mx.bool_))
+    return (causal & (seen[:, None, :] | mx.eye(C, dtype=mx.bool_)))[:, None]
+
+
+def _completion_mask(seen: mx.array, T: int) -> mx.array:
+    """(N, 1, T, C + T): each row's real prompt columns, then causal over its completion."""
+    N, C = seen.shape
+    prompt = mx.broadcast_to(seen[:, None, None, :], (N, 1, T, C))
+    own = mx.broadcast_to(mx.tril(mx.ones((T, T), dtype=mx.bool_)), (N, 1, T, T))
+    return mx.concatenate([prompt, own], axis=-1)
+
+
 def _grouped_scores(model, batch, temperature: float, entropies: bool):
-    """head_logprobs of a shared-prefix micro-batch, its groups in order, (N, T) each."""
+    """head_logprobs of a shared-prefix micro-batch, (N, T) each."""
     body, head, vocab = split_head(model)
-    parts, row = [], 0
-    for prompt, count in zip(batch.prompts, batch.group_rows):
-        parts.append(group_hidden(model, body, prompt, batch.inputs[row:row + count]))
-        row += count
-    return head_logprobs(parts, batch.targets, head, vocab, temperature, entropies)  # parts: (G, T, D) each
+    hidden = group_hidden(model, body, batch.prefix, batch.prefix_pad, batch.row_group, batch.inputs)
+    return head_logprobs(hidden, batch.targets, head, vocab, temperature, entropies)
 
 
 def grouped_token_logprobs(model, batch, temperature: float = 1.0) -> mx.array:
@@ -92,40 +123,43 @@ def grouped_token_logprobs_and_entropies(model, batch, temperature: float = 1.0)
 def pack_groups(prompts, completions, pad_to: int = 1):
     """The completions of consecutive rows sharing a prompt, for `grouped_token_logprobs`.
 
-    Returns (prompts: one (P,) array per run of equal prompts, group_rows: rows of each run,
-    inputs [N, T], targets [N, T], mask [N, T]); inputs[i] = [p[-1]] + c[:-1], right-padded
-    to T (a multiple of `pad_to`), so inputs[i, t] is followed by targets[i, t].
+    Returns (prefix [groups, C]: each run of equal prompts' p[:-1], left-padded to C columns
+    (`prefix_columns`); pad [groups]: its padding columns; row_group [N]: each row's run; inputs
+    [N, T], targets [N, T], mask [N, T]); inputs[i] = [p[-1]] + c[:-1], right-padded to T (a
+    multiple of `pad_to`), so inputs[i, t] is followed by targets[i, t].
     """
     if len(prompts) != len(completions):
         raise ValueError(f"{len(prompts)} prompts but {len(completions)} completions")
     longest = max(len(c) for c in completions)
     T = max(1, -(-longest // pad_to) * pad_to)
-    runs, rows, inputs, targets, mask = [], [], [], [], []
+    runs, row_group, inputs, targets, mask = [], [], [], [], []
     for p, c in zip(prompts, completions):
         if not p:
             raise ValueError("every prompt needs at least one token")
-        if runs and list(runs[-1]) == list(p):
-            rows[-1] += 1
-        else:
+        if not runs or list(runs[-1]) != list(p):
             runs.append(p)
-            rows.append(1)
+        row_group.append(len(runs) - 1)
         n = len(c)
         inputs.append([p[-1]] + list(c[:-1]) + [0] * (T - max(n, 1)))
         targets.append(list(c) + [0] * (T - n))
         mask.append([1.0] * n + [0.0] * (T - n))
-    return ([mx.array(list(p)) for p in runs], rows, mx.array(inputs), mx.array(targets), mx.array(mask))
+    C = prefix_columns(max(len(p) - 1 for p in runs))
+    pad = [C - (len(p) - 1) for p in runs]
+    prefix = [[0] * k + list(p[:-1]) for p, k in zip(runs, pad)]
+    return (mx.array(prefix, dtype=mx.int32).reshape(len(runs), C), mx.array(pad, dtype=mx.int32),
+            mx.array(row_group, dtype=mx.int32), mx.array(inputs), mx.array(targets), mx.array(mask))
 
 
 def batch_logprobs(model, b, temperature: float) -> mx.array:
     """Token log-probs (n, T) of a micro-batch (update/batches.py), packed or shared-prefix."""
-    if b.prompts is not None:
+    if b.prefix is not None:
         return grouped_token_logprobs(model, b, temperature)
     return token_logprobs(model, b.inputs, b.positions, b.targets, temperature)
 
 
 def batch_logprobs_and_entropies(model, b, temperature: float):
     """Token log-probs and entropies (n, T) of a micro-batch (update/batches.py), packed or shared-prefix."""
-    if b.prompts is not None:
+    if b.prefix is not None:
         return grouped_token_logprobs_and_entropies(model, b, temperature)
     return token_logprobs_and_entropies(model, b.inputs, b.positions, b.targets, temperature)
 

@@ -23,28 +23,27 @@ CKPT_STORED = 5.328
 CKPT_LAYERS = 2.604
 CKPT_ATTENTION = 1.641
 CKPT_GRADS = 0.468
-# Shared prefix (training.shared_prefix, algorithm/prefix.py): each group's prompt runs once, with
-# no head, and its last layer feeds only its keys and values, so a prompt token counts over
-# layers - 1 at PREFIX_HIDDEN * hidden + PREFIX_ATTENTION * heads per key (P - 1 tokens over P - 1
-# keys); each completion input counts over all layers at ACT_HIDDEN, ACT_ATTENTION, over the
-# prompt's keys and its own. Least squares by `scripts/measure_memory.py shared` (tiny and small,
-# G 2-8, 1-16 prompts, prompts 32-512, completions 32-96; 34 points), the completions held at the
-# padded constants: -12.0% to +13.8% off. A prompt token charged as a padded one (ACT_HIDDEN, all
-# layers) over-predicted 333-token prompts by 37%. Fitted on prompts up to 320 tokens (81.5, 7.51)
-# it over-predicted the smoke profile's worst case, 16 prompts of 511 tokens, by 19%: a prompt's
-# attention grows less than quadratically there.
-PREFIX_HIDDEN = 100.09
-PREFIX_ATTENTION = 4.481
-# grad_checkpoint with shared prefixes: bytes per token (prompt tokens once, completion inputs) =
+# Shared prefix (training.shared_prefix, algorithm/prefix.py): a micro-batch's prompts run once
+# each, together, padded to `prefix_columns`, with no head, and their last layer feeds only keys and
+# values, so a prompt token counts over layers - 1 at PREFIX_HIDDEN * hidden + PREFIX_ATTENTION *
+# heads per key (C tokens over C keys, C the padded columns); each completion input counts over all
+# layers at ACT_HIDDEN, ACT_ATTENTION, over the prompt's C keys and its own. Least squares by
+# `scripts/measure_memory.py shared` (tiny and small, G 2-8, 1-16 prompts, prompts 32-512,
+# completions 32-96; 34 points), the completions held at the padded constants: -10.5% to +11.9%
+# off. (Fitted when each group ran on its own, 100.09 and 4.481: the groups' backward passes now run
+# as one, and their transients are alive together.) A prompt token charged as a padded one
+# (ACT_HIDDEN, all layers) over-predicted 333-token prompts by 37%.
+PREFIX_HIDDEN = 114.228
+PREFIX_ATTENTION = 7.715
+# grad_checkpoint with shared prefixes: bytes per token (prompt columns once, completion inputs) =
 # CKPT_SHARED_STORED * layers * hidden, plus each layer's concatenated prompt + completion keys and
-# values for every row (a checkpointed block's outputs, kept to the backward: counted, not fitted;
-# a trial fit with them free gave 0.97 of that), plus CKPT_SHARED_LAYERS plain layers of one group's
-# passes (prefix.py runs each group apart, so the recomputation holds one group's), plus
-# CKPT_GRADS * the gradients: least squares by `scripts/measure_memory.py shared` (tiny full and
-# LoRA r8, small full; 27 points): -19.2% to +20.1% off, the scatter mostly tiny's full fine-tunes
-# (36 MB at 16 rows x 96 tokens, below LoRA's 40 at the same shape).
-CKPT_SHARED_STORED = 25.77
-CKPT_SHARED_LAYERS = 1.147
+# values for every row (a checkpointed block's outputs, kept to the backward: counted, not fitted),
+# plus CKPT_SHARED_LAYERS plain layers of the whole micro-batch (prefix.py runs its groups as one
+# pass, so the recomputation holds all of them), plus CKPT_GRADS * the gradients: least squares by
+# `scripts/measure_memory.py shared` (tiny full and LoRA r8, small full; 27 points): -13.9% to
+# +14.7% off.
+CKPT_SHARED_STORED = 15.020
+CKPT_SHARED_LAYERS = 1.572
 # LoRA (rank 8, all layers) on the same grid, measured / the formulas above with its trainable
 # parameters: 0.948 plain (points 0.87-1.04), 0.887 checkpointed (0.84-0.95, the longer grid). Under
 # shared prefixes the checkpointed fit below takes LoRA's points in and no ratio.

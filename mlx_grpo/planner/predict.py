@@ -5,6 +5,7 @@ constants (constants.py). What `mlx-grpo plan` prints and `train` checks first. 
 
 from dataclasses import replace
 
+from mlx_grpo.algorithm.columns import prefix_columns
 from mlx_grpo.planner import constants as C
 from mlx_grpo.planner.shapes import ModelShape, RunShape, trainable_params, weight_bytes
 
@@ -21,9 +22,9 @@ def _groups_in_chunk(rows: int, part_rows: int, group_size: int) -> int:
 def _shared_counts(run: RunShape, rows: int, groups: int) -> tuple[int, int, int, int]:
     """(prompt tokens, sum over them of the keys each attends over, completion inputs, the same
     over theirs) of a shared-prefix micro-batch of `rows` rows holding `groups` prompts: each
-    prompt once, P - 1 tokens over P - 1 keys (not padded), and rows x T completion inputs, each
-    over the prompt's P - 1 keys and the T completion ones."""
-    P, T = max(run.max_prompt - 1, 0), _pad(run.max_new, C.PAD_TO)
+    prompt once, its P - 1 tokens padded to `prefix_columns`, each over as many keys, and rows x T
+    completion inputs, each over the prompt's keys and the T completion ones."""
+    P, T = prefix_columns(max(run.max_prompt - 1, 0)), _pad(run.max_new, C.PAD_TO)
     return groups * P, groups * P * P, rows * T, rows * T * (P + T)
 
 
@@ -58,15 +59,15 @@ def _checkpointed_update(shape: ModelShape, run: RunShape, rows: int, groups: in
                                   C.CKPT_ATTENTION * C.ACT_ATTENTION)
         return C.CKPT_STORED * shape.layers * shape.hidden * rows * L + recomputed
     pt, _, ct, _ = _shared_counts(run, rows, groups)
-    one = sum(_shared_layer(shape, run, min(run.group_size, rows), 1))
+    recomputed = sum(_shared_layer(shape, run, rows, groups))  # all groups run as one pass (prefix.py)
     stored = C.CKPT_SHARED_STORED * shape.layers * shape.hidden * (pt + ct) + _key_copies(shape, run, rows)
-    return stored + C.CKPT_SHARED_LAYERS * one
+    return stored + C.CKPT_SHARED_LAYERS * recomputed
 
 
 def _key_copies(shape: ModelShape, run: RunShape, rows: int) -> float:
     """Float32 bytes of every layer's keys and values over prompt + completion, one copy a row: the
-    concatenation that the completion pass makes of the broadcast prompt keys (prefix.py)."""
-    keys = max(run.max_prompt - 1, 0) + _pad(run.max_new, C.PAD_TO)
+    concatenation that the completion pass makes of the gathered prompt keys (prefix.py)."""
+    keys = prefix_columns(max(run.max_prompt - 1, 0)) + _pad(run.max_new, C.PAD_TO)
     return shape.layers * rows * keys * shape.kv_heads * shape.head_dim * 2 * 4
 
 

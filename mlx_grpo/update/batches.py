@@ -34,8 +34,9 @@ class MicroBatch:
     num_sequences: int  # sequences the loss is divided by (grpo, dr_grpo)
     ref_logp: mx.array | None = None
     old_logp: mx.array | None = None
-    prompts: list | None = None  # shared prefix: one (P,) prompt per run of rows that share it
-    group_rows: list | None = None  # shared prefix: the rows of each prompt
+    prefix: mx.array | None = None  # shared prefix: (groups, C) each run of rows' prompt[:-1], left-padded
+    prefix_pad: mx.array | None = None  # shared prefix: (groups,) padding columns of each
+    row_group: mx.array | None = None  # shared prefix: (n,) each row's group
     sampling_logp: mx.array | None = None  # (n, T) the sampler's log-prob of each token; 0 on padding
 
 
@@ -68,7 +69,7 @@ def make_micro_batches(rollout, advantages, s: UpdateSettings, world=SINGLE) -> 
             completions = [rollout.completion_tokens[i] for i in rows]
             shared = {}
             if s.shared_prefix:  # a chunk holding part of a group shares the prefix among its rows
-                shared["prompts"], shared["group_rows"], inputs, targets, mask = pack_groups(
+                shared["prefix"], shared["prefix_pad"], shared["row_group"], inputs, targets, mask = pack_groups(
                     prompts, completions, pad_to=PAD_TO)
                 positions = None
             else:

@@ -86,7 +86,7 @@ def make_grad_fn(model, loss_fn, compiled: bool | str = True):
 
     @partial(mx.compile, inputs=state, outputs=state)
     def step(arrays):
-        return value_and_grad(model, batch_type(**arrays))
+        return value_and_grad(model, batch_type(**{f.name: arrays.get(f.name) for f in fields(batch_type)}))
 
     def grad_fn(batch):
         nonlocal batch_type

@@ -71,11 +71,10 @@ def make_loss_fn(settings):
 
 
 def make_update_grad_fn(model, settings):
-    """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so (never with
-    shared prefixes: their micro-batches hold lists of prompts, which the compiled step's
-    arrays-only batch cannot carry, and each prompt length would be a new trace)."""
-    s = UpdateSettings.of(settings)
-    return make_grad_fn(model, make_loss_fn(s), compiled=COMPILE_STEP and not s.shared_prefix)
+    """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so (shared-prefix
+    micro-batches too: their prompts are padded to a multiple of PAD_TO columns, so a run traces
+    a few shapes, not one per prompt length)."""
+    return make_grad_fn(model, make_loss_fn(UpdateSettings.of(settings)), compiled=COMPILE_STEP)
 
 
 def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=None,

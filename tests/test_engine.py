@@ -136,3 +136,22 @@ def test_a_training_run_decodes_with_the_compiled_loop(tmp_path, monkeypatch):
     rows = read_metrics(run)
     assert len(rows) == 2 and len(calls) >= 2
     assert all(r["loss"] == r["loss"] and r["completions/mean_length"] > 0 for r in rows)
+
+
+def test_a_model_decoded_with_is_freed_with_its_compiled_steps(tiny):
+    import gc
+    import weakref
+
+    from mlx.utils import tree_flatten
+
+    from mlx_grpo.models.builtin import builtin_model_path
+
+    model, tokenizer, _ = load_base(ModelConfig(path="builtin:tiny"), str(builtin_model_path("tiny")))
+    names = [k for k, _ in tree_flatten(model.parameters())]
+    generate_completions(model, tokenizer, _prompts(tokenizer, False), sampler=GREEDY, engine="compiled",
+                         num_generations=2, max_new_tokens=4)
+    assert [k for k, _ in tree_flatten(model.parameters())] == names  # the steps are no part of the module tree
+    ref = weakref.ref(model)
+    del model
+    gc.collect()
+    assert ref() is None

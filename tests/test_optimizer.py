@@ -51,3 +51,53 @@ def test_cosine_and_constant_schedules():
 def test_warmup_must_be_whole_updates_or_a_share():
     with pytest.raises(ConfigError, match=r"training.warmup_steps must be a whole number of updates"):
         load_config(None, ["training.warmup_steps=2.5"])
+
+
+@pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
+@pytest.mark.parametrize("max_norm", [0.0, 1.0])
+def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm):
+    """apply_update against optim.clip_grad_norm + optimizer.update, three updates with a warmup
+    schedule; bfloat16 through its float32 master, made at the first update."""
+    from mlx.utils import tree_flatten
+    import mlx.optimizers as optim
+
+    from mlx_grpo.update.optimizer import apply_update
+
+    tcfg = _training("training.warmup_steps=2", "training.weight_decay=0.1")
+    models, optimizers = [], []
+    for _ in range(2):
+        mx.random.seed(3)
+        models.append(nn.Linear(5, 4))
+        models[-1].set_dtype(dtype)
+        optimizers.append(make_optimizer(tcfg, total_updates=10))
+    for step in range(3):
+        grads = {"weight": mx.random.normal((4, 5)) * (step + 1), "bias": mx.random.normal((4,))}
+        norm = optim.clip_grad_norm(grads, float("inf"))[1]
+        clipped = optim.clip_grad_norm(grads, max_norm)[0] if max_norm else grads
+        optimizers[0].update(models[0], clipped)
+        apply_update(models[1], optimizers[1], grads, norm, max_norm)
+        mx.eval(models[1].parameters(), optimizers[1].state)
+        if step == 0:
+            assert norm.item() > 1.0  # the bound clips
+        for (k, a), (_, b) in zip(tree_flatten(models[0].parameters()), tree_flatten(models[1].parameters())):
+            assert a.dtype == b.dtype == dtype
+            assert mx.allclose(a.astype(mx.float32), b.astype(mx.float32), rtol=1e-5, atol=1e-6).item(), (step, k)
+    assert optimizers[1].state["step"].item() == 3
+    if dtype == mx.bfloat16:
+        assert optimizers[1].state["weight"]["master"].dtype == mx.float32
+
+
+def test_an_optimizer_and_its_model_are_freed_after_a_compiled_update():
+    import gc
+    import weakref
+
+    from mlx_grpo.update.optimizer import apply_update
+
+    model, optimizer = nn.Linear(3, 2), make_optimizer(_training(), total_updates=10)
+    grads = {"weight": mx.ones((2, 3)), "bias": mx.ones((2,))}
+    apply_update(model, optimizer, grads, mx.array(3.0), 1.0)
+    mx.eval(model.parameters())
+    refs = weakref.ref(model), weakref.ref(optimizer)
+    del model, optimizer
+    gc.collect()
+    assert refs[0]() is None and refs[1]() is None

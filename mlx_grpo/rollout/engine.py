@@ -17,7 +17,6 @@ rollout then uses BatchGenerator.
 """
 
 from functools import partial
-import weakref
 
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
@@ -57,18 +56,16 @@ def unsupported(model) -> str | None:
     return f"its layers keep {', '.join(sorted(kinds))}, not only KVCache" if kinds else None
 
 
-_STEPS = {}  # (id(model), sampler, logprob) -> (weak reference to the model, compiled step)
-
-
 def _compiled_step(model, sampler, logprob):
-    key = (id(model), sampler, logprob)
-    ref, step = _STEPS.get(key, (None, None))
-    if ref is None or ref() is not model:  # a model since freed may have left its id to this one
-        for stale in [k for k, (r, _) in _STEPS.items() if r() is None]:
-            del _STEPS[stale]
-        step = _make_step(model, sampler, logprob)
-        _STEPS[key] = (weakref.ref(model), step)
-    return step
+    """The compiled step of (sampler, logprob), kept on the model: a module-level cache would keep
+    every model it saw alive (its steps hold the model)."""
+    steps = getattr(model, "_decode_steps", None)
+    if steps is None:
+        steps = {}
+        object.__setattr__(model, "_decode_steps", steps)  # an attribute, not a child of the module tree
+    if (sampler, logprob) not in steps:
+        steps[(sampler, logprob)] = _make_step(model, sampler, logprob)
+    return steps[(sampler, logprob)]
 
 
 def _make_step(model, sampler, logprob):

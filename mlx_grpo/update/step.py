@@ -19,6 +19,7 @@ from mlx_grpo.distributed import SINGLE
 from mlx_grpo.errors import NonFiniteError
 from mlx_grpo.update.batches import MicroBatch, prepare_batches
 from mlx_grpo.update.grad import make_grad_fn
+from mlx_grpo.update.optimizer import apply_update
 from mlx_grpo.update.settings import UpdateSettings
 
 # mx.compile on the micro-batch gradient where it measures faster: the CPU backend gave it
@@ -109,15 +110,12 @@ def update(model, optimizer, batches, grad_fn, settings, world=SINGLE, on_batch=
                 sums[key] = sums.get(key, 0.0) + v.item() * n.item()
     total_loss, tokens, *totals = world.sum([total_loss / world.size, tokens, *sums.values()])
     sums = dict(zip(sums, totals))
-    if s.max_grad_norm > 0:
-        grads, grad_norm = optim.clip_grad_norm(grads, s.max_grad_norm)
-    else:
-        grad_norm = optim.clip_grad_norm(grads, float("inf"))[1]
+    grad_norm = optim.clip_grad_norm(grads, float("inf"))[1]  # the norm before clipping
     mx.eval(grad_norm)
     for name, value in (("loss", total_loss), ("grad_norm", grad_norm.item())):
         if not math.isfinite(value):
             raise NonFiniteError(name, value)
-    optimizer.update(model, grads)
+    apply_update(model, optimizer, grads, grad_norm, s.max_grad_norm)
     mx.eval(model.parameters(), optimizer.state)
     metrics = {key: v / max(tokens, 1.0) for key, v in sums.items()}
     for key, v in extremes.items():  # over every rank: the min as minus the max of minus it

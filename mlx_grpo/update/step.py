@@ -73,8 +73,8 @@ def make_loss_fn(settings):
 
 def make_update_grad_fn(model, settings):
     """The run's grad_fn: the loss's gradient, compiled when COMPILE_STEP says so (shared-prefix
-    micro-batches too: their prompts are padded to a multiple of PAD_TO columns, so a run traces
-    a few shapes, not one per prompt length)."""
+    micro-batches too: their prompts are padded to `prefix_columns`, so a run traces a few
+    shapes, not one per prompt length)."""
     return make_grad_fn(model, make_loss_fn(UpdateSettings.of(settings)), compiled=COMPILE_STEP)
 
 

@@ -45,6 +45,66 @@ def test_greedy_tokens_equal_batch_generators_across_prompt_lengths(tiny):
     assert any(bg.truncated) and not all(bg.truncated)  # rows that end and rows cut at the limit
 
 
+def _short_answers(tokenizer):
+    """Four questions tiny answers in about 20 tokens (greedy), and one it does not."""
+    questions = ["What is 9 - 4?", "What is 8 - 2?", "What is 7 + 2?", "What is 6 - 5?", QUESTIONS[1]]
+    return [tokenizer.encode(render_prompt(tokenizer, q, "Be brief."), add_special_tokens=False) for q in questions]
+
+
+def _recording_kept(monkeypatch):
+    """engine._kept, with every batch it shrank to kept in a list."""
+    shrunk, kept = [], engine._kept
+
+    def recording(live, finished):
+        keep = kept(live, finished)
+        if keep is not None:
+            shrunk.append([live[p] for p in keep])
+        return keep
+
+    monkeypatch.setattr(engine, "_kept", recording)
+    return shrunk
+
+
+def test_finished_rows_leave_the_batch_and_the_tokens_stay_batch_generators(tiny, monkeypatch):
+    model, tokenizer = tiny
+    prompts = _short_answers(tokenizer)
+    bg = generate_completions(model, tokenizer, prompts, sampler=GREEDY, num_generations=2, max_new_tokens=40)
+    assert sorted(len(c) for c in bg.completion_tokens)[-3:] == [20, 40, 40]  # four answers end early, one runs on
+    shrunk = _recording_kept(monkeypatch)
+    ours = generate_completions(model, tokenizer, prompts, sampler=GREEDY, num_generations=2, max_new_tokens=40,
+                                engine="compiled")
+    assert shrunk[-1] == [8, 9]  # 10 rows, at last the two still decoding
+    assert all(len(b) in (1, 2, 4, 8) and set(b) <= set(a) for a, b in zip([range(10)] + shrunk, shrunk))
+    assert ours.completion_tokens == bg.completion_tokens and ours.truncated == bg.truncated
+
+
+def test_sampled_logprobs_equal_the_scorers_after_finished_rows_leave(tiny, monkeypatch):
+    model, tokenizer = tiny
+    shrunk = _recording_kept(monkeypatch)
+    mx.random.seed(5)
+    r = generate_completions(model, tokenizer, _short_answers(tokenizer), num_generations=4,
+                             max_new_tokens=40, sampler=make_rollout_sampler(0.5, 1.0, 0, 0.0),
+                             sampling_logprob=make_sampling_logprob(0.5, 1.0, 0, 0.0), engine="compiled")
+    assert shrunk, [len(c) for c in r.completion_tokens]  # at temperature 0.5 most answers end by ~20 tokens
+    scored = completion_logprobs(model, r.prompt_tokens, r.completion_tokens, 0.5)
+    for i, sampled in enumerate(r.sampling_logprobs):
+        assert len(sampled) == len(r.completion_tokens[i])
+        assert mx.allclose(scored[i, :len(sampled)], mx.array(sampled), atol=1e-4).item(), i
+    eos = set(tokenizer.eos_token_ids)
+    assert all((c[-1] not in eos) == cut and not eos & set(c[:-1]) for c, cut in zip(r.completion_tokens, r.truncated))
+
+
+@pytest.mark.parametrize("finished, kept", [
+    ({0, 1, 2, 3, 4, 5}, [6, 7]),  # 2 of 8 left: a batch of 2
+    ({0, 1, 2, 3, 4}, [0, 5, 6, 7]),  # 3 left: topped up with a finished row to 4
+    ({0, 1, 2}, None),  # 5 left: a batch of 8 would not halve it
+])
+def test_the_batch_shrinks_to_a_power_of_two_once_it_halves(finished, kept):
+    assert engine._kept(list(range(8)), finished) == kept
+    live = [10, 11, 12, 13, 14, 15, 16, 17]  # positions, not row numbers, are returned
+    assert engine._kept(live, {r + 10 for r in finished}) == kept
+
+
 def test_batch_size_decodes_whole_groups_at_a_time(tiny):
     model, tokenizer = tiny
     prompts = _prompts(tokenizer)

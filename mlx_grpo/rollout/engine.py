@@ -7,8 +7,10 @@ are allocated once at their final length, every row writes the same column, and 
 (the model, the sampler, the sampled token's log-prob) is one `mx.compile`d function of fixed
 shapes: it is traced again only when the batch or the buffer length changes, and the prompt part
 of the buffer is rounded up (`PROMPT_BUCKET`) so prompts of similar length share a trace. The host
-looks for finished rows every `CHECK_EVERY` tokens, on tokens computed a check earlier, so the
-device never waits on a read.
+looks for finished rows after every step, on the tokens of `CHECK_LAG` steps back, computed by
+then, so the device never waits on a read and at most `CHECK_LAG` steps run after the last row
+has ended; once at most half the batch is still decoding, the finished rows
+leave it (`_kept`: the batch shrinks to a power of two, so a run traces a few batch sizes).
 
 Each prompt is prefilled once and its cache copied into its G rows, left-padded so that all
 rows' next token goes to one column; the mask hides the padding. Only models whose every layer
@@ -22,7 +24,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 PROMPT_BUCKET = 32  # prompt columns are rounded up to a multiple of this (fewer re-traces)
-CHECK_EVERY = 8  # decode steps between looks for finished rows
+CHECK_LAG = 2  # a look for finished rows reads the step this many steps back
 
 
 class StaticKVCache:
@@ -143,35 +145,50 @@ def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=
     step = _compiled_step(model, sampler, logprob)
     out, eos = [], mx.array(sorted(eos))
     ended = mx.zeros((rows,), dtype=mx.bool_)
+    live = list(range(rows))  # the row at each batch position
     for k in range(max_new_tokens):
         tokens, lp, keys, values = step(tokens, keys, values, mx.array(start + k, dtype=mx.int32), offset + k, left)
         ended = ended | mx.any(tokens[:, None] == eos[None], axis=1)
         mx.async_eval(tokens, lp, ended)
-        out.append((tokens, lp, ended))
-        if (k + 1) % CHECK_EVERY == 0 and k + 1 > CHECK_EVERY:
-            checked = k + 1 - CHECK_EVERY  # the step a check ago, long since computed
-            done = out[checked - 1][2]
-            if on_progress:
-                on_progress(checked * rows, int(done.sum().item()), rows)
-            if done.all().item():
+        out.append((tokens, lp, ended, live))
+        if k >= CHECK_LAG:
+            checked = k + 1 - CHECK_LAG  # steps whose tokens are read: queued before the last ones
+            _, _, done, then = out[checked - 1]
+            finished = {r for r, d in zip(then, done.tolist()) if d} | set(range(rows)).difference(then)
+            if on_progress:  # tokens sampled by then: each step's batch
+                on_progress(sum(len(o[3]) for o in out[:checked]), len(finished), rows)
+            if len(finished) == rows:
                 break
+            if (keep := _kept(live, finished)) is not None:
+                at = mx.array(keep)
+                keys, values = [x[at] for x in keys], [x[at] for x in values]
+                tokens, offset, left, ended = tokens[at], offset[at], left[at], ended[at]
+                live = [live[p] for p in keep]
     return _assemble(out, set(eos.tolist()), rows, on_progress)
 
 
+def _kept(live, finished):
+    """The batch positions to decode on with: the unfinished rows, topped up with finished ones to a
+    power of two (so a run traces a few batch sizes); None when that would not halve the batch."""
+    alive = [p for p, r in enumerate(live) if r not in finished]
+    size = 1 << (len(alive) - 1).bit_length()
+    if size > len(live) // 2:
+        return None
+    spare = [p for p, r in enumerate(live) if r in finished]
+    return sorted(alive + spare[:size - len(alive)])
+
+
 def _assemble(out, eos, rows, on_progress):
-    mx.eval([(t, lp) for t, lp, _ in out])
-    by_step = [(t.tolist(), lp.tolist()) for t, lp, _ in out]
-    tokens, logprobs, truncated = [], [], []
-    for r in range(rows):
-        seq, lps = [], []
-        for t, lp in by_step:
-            seq.append(t[r])
-            lps.append(lp[r])
-            if t[r] in eos:
-                break
-        tokens.append(seq)
-        logprobs.append(lps)
-        truncated.append(seq[-1] not in eos)
+    mx.eval([(t, lp) for t, lp, _, _ in out])
+    tokens, logprobs, closed = [[] for _ in range(rows)], [[] for _ in range(rows)], [False] * rows
+    for t, lp, _, live in out:
+        for r, token, value in zip(live, t.tolist(), lp.tolist()):
+            if closed[r]:  # its EOS came earlier: what follows is filler
+                continue
+            tokens[r].append(token)
+            logprobs[r].append(value)
+            closed[r] = token in eos
+    truncated = [seq[-1] not in eos for seq in tokens]
     if on_progress:
         on_progress(sum(len(s) for s in tokens), rows, rows)
     return tokens, logprobs, truncated

@@ -168,10 +168,15 @@ def test_a_sliding_window_model_is_named_and_left_to_batch_generator(tmp_path, c
         rollout_engine(cfg, model)
 
 
-def test_auto_compiles_a_plain_model_and_batch_generator_is_the_default(tiny):
+def test_auto_is_the_default_and_compiles_a_plain_model_unless_a_quantized_copy_samples(tiny, capsys):
     model, _ = tiny
-    assert rollout_engine(load_config(None), model) == "batch_generator"
-    assert rollout_engine(load_config(None, overrides=['generation.engine="auto"']), model) == "compiled"
+    assert rollout_engine(load_config(None), model) == "compiled"
+    assert rollout_engine(load_config(None, overrides=['generation.engine="batch_generator"']), model) == "batch_generator"
+    quantized = load_config(None, overrides=["generation.quantize_bits=4", "lora.enabled=true"])
+    assert rollout_engine(quantized, model) == "batch_generator"
+    assert "quantized copy is rebuilt after every update" in " ".join(capsys.readouterr().out.split())
+    asked = load_config(None, overrides=["generation.quantize_bits=4", "lora.enabled=true", 'generation.engine="compiled"'])
+    assert rollout_engine(asked, model) == "compiled"  # asked for: allowed, traced once a step
 
 
 def test_a_batch_size_that_splits_a_group_is_left_to_batch_generator(tiny, monkeypatch):

@@ -120,6 +120,9 @@ def rollout_engine(cfg, model, world: World = SINGLE) -> str:
     if why and asked == "compiled":
         raise TrainingError(f'generation.engine = "compiled": {cfg.model.path} cannot use it ({why}); '
                             'set it to "auto" or "batch_generator"')
+    if asked == "auto" and not why and cfg.generation.quantize_bits:
+        why = ("generation.quantize_bits: its quantized copy is rebuilt after every update, and a compiled "
+               "step would be traced again each time")
     if why and world.is_main:
         say(f"mlx-grpo: generation.engine: {cfg.model.path} decodes with mlx-lm's BatchGenerator ({why})")
     return "batch_generator" if asked == "batch_generator" or why else "compiled"

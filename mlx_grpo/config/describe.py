@@ -59,8 +59,10 @@ DESCRIPTIONS = {
     "generation.quantize_bits": "Sample from a 4- or 8-bit copy of the current policy; 0 is off.",
     "generation.engine": "The decode loop: mlx-lm's `batch_generator`; `compiled`, one compiled step of fixed "
                          "shapes (models whose layers all keep a plain KV cache; a batch_size that splits a "
-                         "group falls back); or `auto`, compiled where the model allows it, else "
-                         "BatchGenerator, said once at start. Same sampled distribution, another random stream.",
+                         "group falls back); or `auto` (the default), compiled where the model allows it and no "
+                         "quantized copy samples (`quantize_bits` rebuilds it after every update, and a compiled "
+                         "step would be traced again each time), else BatchGenerator, said once at start. Same "
+                         "sampled distribution, another random stream.",
     "generation.max_turns": "With tools: model turns an episode may have; one still calling tools after "
                             "its last is truncated.",
     "generation.max_tool_calls": "With tools: calls an episode may make (those past it are answered with an "

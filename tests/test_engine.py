@@ -94,6 +94,18 @@ def test_sampled_logprobs_equal_the_scorers_after_finished_rows_leave(tiny, monk
     assert all((c[-1] not in eos) == cut and not eos & set(c[:-1]) for c, cut in zip(r.completion_tokens, r.truncated))
 
 
+def test_progress_counts_the_tokens_of_a_shrinking_batch(tiny, monkeypatch):
+    model, tokenizer = tiny
+    shrunk, calls = _recording_kept(monkeypatch), []
+    r = generate_completions(model, tokenizer, _short_answers(tokenizer), sampler=GREEDY, num_generations=2,
+                             max_new_tokens=40, engine="compiled", on_progress=lambda *a: calls.append(a))
+    assert shrunk  # 10 rows, then fewer decode: the counts follow the batch
+    sampled, finished, total = zip(*calls[:-1])
+    assert set(total) == {10} and list(sampled) == sorted(sampled) and list(finished) == sorted(finished)
+    assert sampled[:3] == (10, 20, 30) and sampled[-1] - sampled[-2] == len(shrunk[-1])
+    assert calls[-1] == (sum(len(c) for c in r.completion_tokens), 10, 10)
+
+
 @pytest.mark.parametrize("finished, kept", [
     ({0, 1, 2, 3, 4, 5}, [6, 7]),  # 2 of 8 left: a batch of 2
     ({0, 1, 2, 3, 4}, [0, 5, 6, 7]),  # 3 left: topped up with a finished row to 4

@@ -145,7 +145,7 @@ def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=
     step = _compiled_step(model, sampler, logprob)
     out, eos = [], mx.array(sorted(eos))
     ended = mx.zeros((rows,), dtype=mx.bool_)
-    live = list(range(rows))  # the row at each batch position
+    live, sampled = list(range(rows)), 0  # live: the row at each batch position
     for k in range(max_new_tokens):
         tokens, lp, keys, values = step(tokens, keys, values, mx.array(start + k, dtype=mx.int32), offset + k, left)
         ended = ended | mx.any(tokens[:, None] == eos[None], axis=1)
@@ -155,8 +155,9 @@ def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=
             checked = k + 1 - CHECK_LAG  # steps whose tokens are read: queued before the last ones
             _, _, done, then = out[checked - 1]
             finished = {r for r, d in zip(then, done.tolist()) if d} | set(range(rows)).difference(then)
-            if on_progress:  # tokens sampled by then: each step's batch
-                on_progress(sum(len(o[3]) for o in out[:checked]), len(finished), rows)
+            sampled += len(then)  # each step is checked once, in order
+            if on_progress:
+                on_progress(sampled, len(finished), rows)
             if len(finished) == rows:
                 break
             if (keep := _kept(live, finished)) is not None:

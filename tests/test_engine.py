@@ -94,6 +94,29 @@ def test_sampled_logprobs_equal_the_scorers_after_finished_rows_leave(tiny, monk
     assert all((c[-1] not in eos) == cut and not eos & set(c[:-1]) for c, cut in zip(r.completion_tokens, r.truncated))
 
 
+def test_attention_reads_the_written_columns_a_bucket_at_a_time(tiny, monkeypatch):
+    """With a bucket of 8 columns, 40 tokens cross five buckets (five traces): the greedy tokens
+    stay BatchGenerator's and the sampled log-probs the scorer's."""
+    model, tokenizer = tiny
+    monkeypatch.setattr(engine, "READ_BUCKET", 8)
+    limits, compiled = [], engine._compiled_step
+    monkeypatch.setattr(engine, "_compiled_step",
+                        lambda m, s, lp, limit: limits.append(limit) or compiled(m, s, lp, limit))
+    prompts = _prompts(tokenizer)
+    bg, ours = _both(model, tokenizer, prompts, num_generations=2, max_new_tokens=40)
+    assert ours.completion_tokens == bg.completion_tokens and ours.truncated == bg.truncated
+    start = limits[0] - 8  # the prompt columns, a multiple of PROMPT_BUCKET
+    assert start % engine.PROMPT_BUCKET == 0 and sorted(set(limits)) == [start + 8 * i for i in range(1, 6)]
+    assert limits == sorted(limits) and limits.count(start + 8) == 8
+    mx.random.seed(4)
+    r = generate_completions(model, tokenizer, prompts[:2], num_generations=4, max_new_tokens=24,
+                             sampler=make_rollout_sampler(1.0, 1.0, 0, 0.0),
+                             sampling_logprob=make_sampling_logprob(1.0, 1.0, 0, 0.0), engine="compiled")
+    scored = completion_logprobs(model, r.prompt_tokens, r.completion_tokens)
+    for i, sampled in enumerate(r.sampling_logprobs):
+        assert mx.allclose(scored[i, :len(sampled)], mx.array(sampled), atol=1e-4).item(), i
+
+
 def test_progress_counts_the_tokens_of_a_shrinking_batch(tiny, monkeypatch):
     model, tokenizer = tiny
     shrunk, calls = _recording_kept(monkeypatch), []

@@ -2,6 +2,7 @@
 
 import mlx.core as mx
 import mlx.nn as nn
+from mlx.utils import tree_map
 import pytest
 
 from mlx_grpo.config import ConfigError, load_config
@@ -55,7 +56,8 @@ def test_warmup_must_be_whole_updates_or_a_share():
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
 @pytest.mark.parametrize("max_norm", [0.0, 1.0])
-def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm):
+@pytest.mark.parametrize("compiled", [True, False])
+def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm, compiled):
     """apply_update against optim.clip_grad_norm + optimizer.update, three updates with a warmup
     schedule; bfloat16 through its float32 master, made at the first update."""
     from mlx.utils import tree_flatten
@@ -75,7 +77,7 @@ def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm):
         norm = optim.clip_grad_norm(grads, float("inf"))[1]
         clipped = optim.clip_grad_norm(grads, max_norm)[0] if max_norm else grads
         optimizers[0].update(models[0], clipped)
-        apply_update(models[1], optimizers[1], grads, norm, max_norm)
+        apply_update(models[1], optimizers[1], grads, norm, max_norm, compiled=compiled)
         mx.eval(models[1].parameters(), optimizers[1].state)
         if step == 0:
             assert norm.item() > 1.0  # the bound clips
@@ -95,9 +97,27 @@ def test_an_optimizer_and_its_model_are_freed_after_a_compiled_update():
 
     model, optimizer = nn.Linear(3, 2), make_optimizer(_training(), total_updates=10)
     grads = {"weight": mx.ones((2, 3)), "bias": mx.ones((2,))}
-    apply_update(model, optimizer, grads, mx.array(3.0), 1.0)
+    apply_update(model, optimizer, grads, mx.array(3.0), 1.0, compiled=True)
     mx.eval(model.parameters())
+    assert optimizer._compiled_update
     refs = weakref.ref(model), weakref.ref(optimizer)
     del model, optimizer
     gc.collect()
     assert refs[0]() is None and refs[1]() is None
+
+
+def test_a_full_fine_tune_updates_plain_and_adapters_compiled():
+    """The compiled update holds more at its peak: only a model training a small share of its
+    parameters (LoRA's adapters) gets it by default."""
+    from mlx_grpo.update.optimizer import apply_update
+
+    def updated(frozen):
+        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
+        if frozen:
+            model.layers[0].freeze()  # 72 of 90 parameters: 0.2 of them train
+        optimizer = make_optimizer(_training(), total_updates=10)
+        grads = tree_map(mx.ones_like, model.trainable_parameters())
+        apply_update(model, optimizer, grads, mx.array(1.0), 1.0)
+        return getattr(optimizer, "_compiled_update", None) is not None
+
+    assert not updated(False) and updated(True)

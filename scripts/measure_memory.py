@@ -16,6 +16,8 @@ Prints, for builtin:NAME (float32, this backend):
     uv run python scripts/measure_memory.py logits    # LOGIT_COPIES
     uv run python scripts/measure_memory.py bfloat16  # ACT_HALF (slow: bfloat16 on the CPU backend)
     uv run python scripts/measure_memory.py shared    # PREFIX_*, CKPT_SHARED_* (the shared-prefix update)
+    uv run python scripts/measure_memory.py compiled-rollout  # COMPILED_ROLLOUT_FACTOR, DECODE_LOGIT_COPIES
+    uv run python scripts/measure_memory.py shared-checkpointed  # CKPT_SHARED_* and CKPT_SHARED_LORA_* alone
 
 The completion logits' share of the update, which the built-ins' 322-token vocabulary is too
 small to show: the same small random qwen2 (2 layers x 64, its embedding frozen so that no
@@ -200,6 +202,57 @@ def logit_copies(rows: int = 8, prompt: int = 32, completion: int = 96) -> float
     return copies
 
 
+def _decode_peak(model, vocab: int, prompts: int, G: int, prompt: int, new: int, seed: int = 1) -> float:
+    """Peak bytes above what is allocated before one compiled rollout (rollout/engine.py), with
+    no stop token, so every row runs to `new` tokens."""
+    from mlx_grpo.rollout import engine
+
+    rng = np.random.default_rng(seed)
+    ids = [rng.integers(3, vocab, prompt).tolist() for _ in range(prompts)]
+    mx.eval(model.parameters())
+    base = mx.get_active_memory()
+    mx.reset_peak_memory()
+    engine.decode(model, ids, group_size=G, max_new_tokens=new, sampler=make_rollout_sampler(1.0, 1.0, 0, 0.0),
+                  eos=set(), logprob=None)
+    return mx.get_peak_memory() - base
+
+
+def compiled_rollout() -> None:
+    """COMPILED_ROLLOUT_FACTOR: the compiled rollout's peak over its key/value buffers (rows x
+    (prompt columns rounded up to the engine's PROMPT_BUCKET + new tokens)) on builtin:tiny and
+    builtin:small, each less its decode logits; and DECODE_LOGIT_COPIES: the peak's growth with the
+    vocabulary (a 2-layer random qwen2 at 8,192 and 65,536) in float32 [rows, vocab] arrays."""
+    from mlx_lm.models import qwen2
+
+    from mlx_grpo.models.named import load_model
+    from mlx_grpo.rollout import engine
+
+    shapes_ = ((2, 8, 40, 32), (4, 4, 200, 64), (2, 8, 300, 32), (4, 4, 60, 32))
+    mx.random.seed(0)
+    copies = {}
+    for vocab in (8192, 65536):
+        model = qwen2.Model(qwen2.ModelArgs(
+            model_type="qwen2", hidden_size=64, num_hidden_layers=2, intermediate_size=128,
+            num_attention_heads=4, num_key_value_heads=2, rms_norm_eps=1e-6, vocab_size=vocab,
+            tie_word_embeddings=True))
+        copies[vocab] = _decode_peak(model, vocab, 2, 8, 40, 32)
+    per_vocab = (copies[65536] - copies[8192]) / (16 * (65536 - 8192) * 4)
+    print(f"decode logits: {per_vocab:.2f} float32 [rows, vocab] arrays at the rollout's peak")
+    ratios = []
+    for name in ("tiny", "small"):
+        a = load_model(f"builtin:{name}").model.args
+        model = load_model(f"builtin:{name}").model
+        per_token = a.num_hidden_layers * a.num_key_value_heads * (a.hidden_size // a.num_attention_heads) * 2 * 4
+        for prompts, G, prompt, new in shapes_:
+            peak = _decode_peak(model, a.vocab_size, prompts, G, prompt, new)
+            columns = -(-(prompt - 1) // engine.PROMPT_BUCKET) * engine.PROMPT_BUCKET + new
+            kv = prompts * G * columns * per_token
+            ratios.append((peak - per_vocab * prompts * G * a.vocab_size * 4) / kv)
+            print(f"  {name} {prompts} prompts x G {G}, prompt {prompt} + {new}: {peak / 1e6:.2f} MB "
+                  f"= {peak / kv:.2f} x its buffers' {kv / 1e6:.2f} MB")
+    print(f"compiled rollout factor: mean {np.mean(ratios):.2f}, {min(ratios):.2f}-{max(ratios):.2f}")
+
+
 def half_ratio() -> float:
     """bfloat16's update peak / float32's, builtin:small, full fine-tune, 8 x 128 and 8 x 256."""
     global GRID
@@ -235,7 +288,8 @@ SHARED_CHECKPOINTED = {
 
 def shared_peaks(name: str, sets: list[str], grid: list[tuple]) -> list[tuple]:
     """(ModelShape, RunShape, peak bytes above what is allocated before the update) of each grid
-    point: one step's update with shared prefixes, all rows in one micro-batch."""
+    point: one step's update with shared prefixes, all rows in one micro-batch (under
+    grad_checkpoint, one group's: update/batches.py)."""
     from mlx_grpo.models.load import resolve_model_path
     from mlx_grpo.update.optimizer import make_optimizer
     from mlx_grpo.update.settings import UpdateSettings
@@ -284,12 +338,14 @@ def shared_fit(pts: list[tuple], features, fixed) -> list[float]:
 
 
 def _logits(s, r) -> float:
-    return r.part_rows * predict._pad(r.max_new, constants.PAD_TO) * s.vocab * 4 * constants.LOGIT_COPIES
+    rows, _ = predict.micro_batch_rows(r)
+    return rows * predict._pad(r.max_new, constants.PAD_TO) * s.vocab * 4 * constants.LOGIT_COPIES
 
 
 def _counts(r) -> tuple:
-    """predict._shared_counts of a grid point: all its rows in one micro-batch."""
-    return predict._shared_counts(r, r.part_rows, r.part_rows // r.group_size)
+    """predict._shared_counts of a grid point's micro-batch: all its rows, or under grad_checkpoint
+    one group's."""
+    return predict._shared_counts(r, *predict.micro_batch_rows(r))
 
 
 def _prompt_features(s, r) -> list:
@@ -307,12 +363,15 @@ def _completions(s, r) -> float:
 def _checkpointed_features(s, r) -> list:
     """Tokens in every layer (CKPT_SHARED_STORED) and the micro-batch's plain layer (CKPT_SHARED_LAYERS)."""
     pt, _, ct, _ = _counts(r)
-    return [s.layers * s.hidden * (pt + ct), sum(predict._shared_layer(s, r, r.part_rows, r.part_rows // r.group_size))]
+    return [s.layers * s.hidden * (pt + ct), sum(predict._shared_layer(s, r, *predict.micro_batch_rows(r)))]
 
 
 def _checkpointed_known(s, r) -> float:
-    """The checkpointed fit's known part: logits, gradients, the per-row key and value copies."""
-    return _logits(s, r) + constants.CKPT_GRADS * 4 * shapes.trainable_params(s, r) + predict._key_copies(s, r, r.part_rows)
+    """The checkpointed fit's known part: logits, gradients (and the sum of them over several
+    micro-batches), the per-row key and value copies."""
+    rows, _ = predict.micro_batch_rows(r)
+    grads = (constants.CKPT_GRADS + (r.part_rows > rows)) * 4 * shapes.trainable_params(s, r)
+    return _logits(s, r) + grads + predict._key_copies(s, r, rows)
 
 
 def _above_optimizer(pts: list[tuple]) -> list[tuple]:
@@ -327,11 +386,18 @@ def shared_prefix() -> None:
     plain = _above_optimizer([p for name, grid in SHARED_PLAIN.items() for p in shared_peaks(name, [], grid)])
     print("shared prefix, plain: PREFIX_HIDDEN, PREFIX_ATTENTION =")
     constants.PREFIX_HIDDEN, constants.PREFIX_ATTENTION = shared_fit(plain, _prompt_features, _completions)
+    shared_checkpointed()
+
+
+def shared_checkpointed() -> None:
+    """CKPT_SHARED_STORED, CKPT_SHARED_LAYERS (full fine-tune) and CKPT_SHARED_LORA_* (LoRA r8, one
+    group per micro-batch), with PREFIX_* as constants.py has them."""
     sets = ["training.grad_checkpoint=true"]
-    ckpt = [p for name, grid in SHARED_CHECKPOINTED.items() for p in shared_peaks(name, sets, grid)]
-    ckpt += shared_peaks("tiny", [*sets, "lora.enabled=true"], SHARED_CHECKPOINTED["tiny"])
-    print("shared prefix, grad_checkpoint (full and LoRA r8): CKPT_SHARED_STORED, CKPT_SHARED_LAYERS =")
-    shared_fit(_above_optimizer(ckpt), _checkpointed_features, _checkpointed_known)
+    for name, extra, keys in (("full", [], "CKPT_SHARED_STORED, CKPT_SHARED_LAYERS"),
+                              ("LoRA r8", ["lora.enabled=true"], "CKPT_SHARED_LORA_STORED, CKPT_SHARED_LORA_LAYERS")):
+        ckpt = [p for model, grid in SHARED_CHECKPOINTED.items() for p in shared_peaks(model, [*sets, *extra], grid)]
+        print(f"shared prefix, grad_checkpoint ({name}): {keys} =")
+        shared_fit(_above_optimizer(ckpt), _checkpointed_features, _checkpointed_known)
 
 
 def main(names: list[str]):
@@ -349,7 +415,8 @@ def main(names: list[str]):
     ratio(pts["lora checkpointed"], checkpoint_features(a, b), ckpt)
 
 
-MODES = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_prefix}
+MODES = {"logits": logit_copies, "bfloat16": half_ratio, "shared": shared_prefix,
+         "compiled-rollout": compiled_rollout, "shared-checkpointed": shared_checkpointed}
 
 
 def parse_args(argv=None):

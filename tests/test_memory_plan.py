@@ -47,7 +47,8 @@ def test_the_phases_follow_the_config(tiny_path):
     assert full["weights"] == 4 * 829_824 and full["optimizer state"] == 8 * 829_824
     assert ref["reference"] == full["weights"] and lora_ref["reference"] == 0 and full["reference"] == 0
     assert ckpt["update activations"] < full["update activations"]
-    assert half["update activations"] == pytest.approx(full["update activations"] / 2)
+    # two micro-batches: the gradient summed so far (829,824 float32s) sits beside the second's
+    assert half["update activations"] == pytest.approx(full["update activations"] / 2 + 4 * 829_824)
     assert full["peak"] == max(full["rollout"], full["update"])
 
 
@@ -102,9 +103,10 @@ def test_a_shared_prefix_counts_each_prompt_once_per_group(tiny_path):
     # 256 + 32 in all 4
     prompts = PREFIX_HIDDEN * 128 * 2 * 256 + PREFIX_ATTENTION * 4 * 2 * 256 * 256
     completions = ACT_HIDDEN * 128 * 8 * 32 + ACT_ATTENTION * 4 * 8 * 32 * 288
-    assert shared["update activations"] == pytest.approx(3 * prompts + 4 * completions)
+    summed = 4 * 829_824  # 8 micro-batches of the 64 rows: the gradient summed so far beside each
+    assert shared["update activations"] == pytest.approx(3 * prompts + 4 * completions + summed)
     padded_layer = ACT_HIDDEN * 128 * 8 * 320 + ACT_ATTENTION * 4 * 8 * 320 * 320
-    assert padded["update activations"] == pytest.approx(4 * padded_layer)
+    assert padded["update activations"] == pytest.approx(4 * padded_layer + summed)
     assert shared["logits"] == padded["logits"]
 
 
@@ -113,6 +115,35 @@ def test_a_micro_batch_off_group_boundaries_holds_part_of_two_prompts(rows, grou
     # a part of 16 rows in groups of 4 cut into chunks of `rows` from its start, as update/batches.py
     # does: 6 rows are 0-5 (prompts 0, 1), 6-11 (1, 2), 12-15 (3); 3 rows: 3-5 (0, 1)
     assert _groups_in_chunk(rows, 16, 4) == groups
+
+
+def test_the_rollout_is_planned_for_the_engine_that_decodes_it(tiny_path):
+    from dataclasses import replace
+
+    from mlx_grpo.commands.plan import compiles_rollouts, plan
+    from mlx_grpo.planner.constants import GB, PROMPT_BUCKET
+    from mlx_grpo.rollout import engine
+
+    def cfg(*sets):
+        return load_config(SMOKE, ["data.max_prompt_tokens=100", "generation.max_new_tokens=64", *sets])
+
+    assert PROMPT_BUCKET == engine.PROMPT_BUCKET
+    assert compiles_rollouts(cfg()) and compiles_rollouts(cfg("generation.batch_size=8"))
+    assert not compiles_rollouts(cfg('generation.engine="batch_generator"'))
+    assert not compiles_rollouts(cfg("generation.batch_size=6"))  # splits a group of 4: BatchGenerator's
+    assert not compiles_rollouts(cfg("generation.quantize_bits=8"))  # auto keeps BatchGenerator there
+    assert compiles_rollouts(cfg('generation.engine="compiled"', "generation.quantize_bits=8"))
+    shape, run = read_model_shape(tiny_path), run_shape(cfg())
+    compiled = predict(shape, replace(run, compiled_rollout=True))["rollout KV cache"]
+    batch_generator = predict(shape, run)["rollout KV cache"]
+    # builtin:tiny: 4 layers x 2 key/value heads x 32 dims x (keys, values) x 4 bytes = 2,048 bytes a
+    # token; 64 rows; the compiled loop's columns: 99 prompt ones rounded up to 128, then 64 new;
+    # its decode logits 64 x 322 float32s; BatchGenerator's cache 100 + 64 tokens in steps of 256
+    assert compiled == pytest.approx(1.12 * 64 * (128 + 64) * 2048 + 2.02 * 64 * 322 * 4)
+    assert batch_generator == pytest.approx(2.08 * 64 * 256 * 2048)
+    assert plan(cfg())["phases_gb"]["rollout KV cache"] * GB == pytest.approx(compiled)
+    assert plan(cfg('generation.engine="batch_generator"'))["phases_gb"]["rollout KV cache"] * GB == pytest.approx(
+        batch_generator)
 
 
 def test_a_quantized_rollout_copy_is_held_beside_the_weights(tiny_path):

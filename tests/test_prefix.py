@@ -96,6 +96,7 @@ def test_shared_prefix_gives_the_packed_gradients(random_qwen2, loss_type, lora,
         checkpoint_layers(model)
     ref_model = None if lora else model
     for extra in ((), ("training.micro_batch_size=2",)):
+        extra += ("training.grad_checkpoint=true",) * checkpoint + ("lora.enabled=true",) * lora  # LoRA: a group a pass
         packed = _applied_grads(model, _cfg(False, loss_type, *extra), ref_model)
         shared = _applied_grads(model, _cfg(True, loss_type, *extra), ref_model)
         assert shared[0] == pytest.approx(packed[0], rel=1e-4, abs=1e-7)
@@ -103,6 +104,23 @@ def test_shared_prefix_gives_the_packed_gradients(random_qwen2, loss_type, lora,
         assert any(mx.abs(g).max().item() > 0 for g in packed[2].values())
         for k, g in packed[2].items():  # padded prompts move RoPE's positions: rounding, near-zero entries too
             assert mx.allclose(shared[2][k], g, rtol=1e-4, atol=1e-5 * mx.abs(g).max().item()).item(), k
+
+
+@pytest.mark.parametrize("micro, plain, checkpointed", [
+    (0, [(9, 3)], [(3, 1)] * 3),
+    (2, [(2, 1), (2, 2), (2, 1), (2, 1), (1, 1)], [(2, 1), (1, 1)] * 3),
+])
+def test_under_grad_checkpoint_a_shared_prefix_lora_micro_batch_holds_one_group(micro, plain, checkpointed):
+    """(rows, prompts) of each micro-batch: a recomputed layer then holds one group's prompt. Not
+    for a full fine-tune, whose accumulated gradient would cost more than that saves."""
+    from mlx_grpo.update.batches import make_micro_batches
+
+    ckpt, lora = "training.grad_checkpoint=true", "lora.enabled=true"
+    for extra, want in (((), plain), ((ckpt,), plain), ((lora,), plain), ((ckpt, lora), checkpointed)):
+        s = UpdateSettings.of(_cfg(True, "grpo", f"training.micro_batch_size={micro}", *extra))
+        batches = make_micro_batches(_rollout(), mx.array(REWARDS), s)
+        assert [(b.inputs.shape[0], b.prefix.shape[0]) for b in batches] == want
+        assert mx.concatenate([b.advantages for b in batches]).tolist() == pytest.approx(REWARDS)
 
 
 def test_shared_prefix_run_metrics_equal_the_packed_ones(random_qwen2):

@@ -95,6 +95,18 @@ def shares_prefix(config: dict) -> bool:
     return supports_shared_prefix(model)
 
 
+def compiles_rollouts(cfg) -> bool:
+    """Whether a model whose layers keep plain KV caches samples with the compiled loop: as
+    commands/setup.rollout_engine and rollout/sample.generate_completions decide it (tool episodes
+    decode with BatchGenerator)."""
+    from mlx_grpo.tools import uses_tools
+
+    gen = cfg.generation
+    if gen.engine == "batch_generator" or uses_tools(cfg) or gen.batch_size % gen.num_generations:
+        return False
+    return gen.engine == "compiled" or not gen.quantize_bits
+
+
 def longest_prompt(cfg, folder: Path | None) -> int | None:
     """The longest training prompt, in tokens, that data.max_prompt_tokens lets through (longer
     ones are skipped); None when the data cannot be read without a download. A `shape:NAME` not
@@ -150,8 +162,10 @@ def plan(cfg, memory_gb: float | None = None, data: bool = False) -> dict:
 
     shape, folder, config = planned_model(cfg.model.path)
     run = replace(run_shape(cfg, resolve_dtype(cfg.model.dtype)), judges=judge_shapes(cfg))
-    if run.shared_prefix and not shares_prefix(config):  # it trains on the padded path (setup.py)
+    plain_caches = shares_prefix(config)
+    if run.shared_prefix and not plain_caches:  # it trains on the padded path (setup.py)
         run = replace(run, shared_prefix=False)
+    run = replace(run, compiled_rollout=plain_caches and compiles_rollouts(cfg))
     phases = predict(shape, run)
     device = memory_gb if memory_gb is not None else device_memory_gb()
     fits = phases["peak"] <= device * GB

@@ -107,7 +107,8 @@ DESCRIPTIONS = {
     "training.weight_decay": "AdamW's decoupled weight decay.",
     "training.adam_betas": "AdamW's two moment decay rates.",
     "training.max_grad_norm": "Clip the gradient's global norm to this; 0 does not clip.",
-    "training.grad_checkpoint": "Recompute each block's activations in the backward pass: less memory, more time.",
+    "training.grad_checkpoint": ("Recompute each block's activations in the backward pass: less memory, more time. "
+                                 "With LoRA, a shared-prefix micro-batch then holds one group."),
     "training.shared_prefix": "Run each group's prompt once per scoring pass instead of once per completion.",
     "training.max_bad_steps": "Steps with a NaN or inf loss or gradient to skip before the run stops.",
     "training.worst_case_first": "One update at the longest shapes before step 1: `auto`, `always` or `never`.",

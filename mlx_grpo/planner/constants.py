@@ -44,9 +44,17 @@ PREFIX_ATTENTION = 7.715
 # +14.7% off.
 CKPT_SHARED_STORED = 15.020
 CKPT_SHARED_LAYERS = 1.572
+# The same two under LoRA, whose shared-prefix micro-batches hold one group each under
+# grad_checkpoint (update/batches.py): least squares by `scripts/measure_memory.py
+# shared-checkpointed` on tiny and small LoRA r8, one group per micro-batch, the gradient summed
+# over them counted (16 points): -9.8% to +10.2% off. The full fine-tune's pair above is 05de8fd's
+# fit (one-pass LoRA points in it); on the 16 full fine-tune points of that run it is -7.6% to
+# +6.8% off, but for tiny's smallest (1 group of 4 x 32 + 32 tokens, -37.1%).
+CKPT_SHARED_LORA_STORED = 12.577
+CKPT_SHARED_LORA_LAYERS = 1.540
 # LoRA (rank 8, all layers) on the same grid, measured / the formulas above with its trainable
 # parameters: 0.948 plain (points 0.87-1.04), 0.887 checkpointed (0.84-0.95, the longer grid). Under
-# shared prefixes the checkpointed fit below takes LoRA's points in and no ratio.
+# shared prefixes the checkpointed LoRA update has its own pair above, and no ratio.
 LORA_PLAIN = 0.948
 LORA_CHECKPOINTED = 0.887
 # The same update's activations in a 2-byte dtype (bfloat16, float16), as a share of float32's:
@@ -62,6 +70,15 @@ OPTIMIZER_STEP = 2.36
 # copying the per-prompt caches, and the decode step's logits come on top.
 ROLLOUT_FACTOR = 2.08
 KV_STEP = 256
+# The compiled rollout (rollout/engine.py, generation.engine's default where a model's layers keep
+# plain KV caches): its peak above the weights over its key/value buffers, allocated once at rows x
+# (prompt columns rounded up to PROMPT_BUCKET + new tokens), less its decode logits: mean 1.12
+# (1.06-1.24, 8 points on builtin:tiny and builtin:small), plus DECODE_LOGIT_COPIES float32
+# [rows, vocab] arrays (2.02: the growth of the peak from an 8,192- to a 65,536-token vocabulary);
+# `scripts/measure_memory.py compiled-rollout`. BatchGenerator's peak on the same 8 points was 2.1-6.2x.
+COMPILED_ROLLOUT_FACTOR = 1.12
+DECODE_LOGIT_COPIES = 2.02
+PROMPT_BUCKET = 32  # rollout/engine.py's
 # Completion logits held at the update's peak while they fit one chunk (algorithm/chunked.py: a
 # chunk holds LOGITS_BUDGET logit elements), in float32 [rows, T, vocab] arrays: 3 (the logits,
 # their gradient, the entropy's softmax, as the code reads), and measured 3.00 by

@@ -19,6 +19,15 @@ def _groups_in_chunk(rows: int, part_rows: int, group_size: int) -> int:
     return max(-(-min(lo + rows, part_rows) // group_size) - lo // group_size for lo in range(0, part_rows, rows))
 
 
+def micro_batch_rows(run: RunShape) -> tuple[int, int]:
+    """(rows, prompts) of the largest micro-batch: with shared prefixes under grad_checkpoint and
+    LoRA update/batches.py never puts two groups in one."""
+    rows = min(run.micro_batch or run.part_rows, run.part_rows)
+    if run.shared_prefix and run.grad_checkpoint and run.lora:
+        return min(rows, run.group_size), 1
+    return rows, _groups_in_chunk(rows, run.part_rows, run.group_size)
+
+
 def _shared_counts(run: RunShape, rows: int, groups: int) -> tuple[int, int, int, int]:
     """(prompt tokens, sum over them of the keys each attends over, completion inputs, the same
     over theirs) of a shared-prefix micro-batch of `rows` rows holding `groups` prompts: each
@@ -60,8 +69,21 @@ def _checkpointed_update(shape: ModelShape, run: RunShape, rows: int, groups: in
         return C.CKPT_STORED * shape.layers * shape.hidden * rows * L + recomputed
     pt, _, ct, _ = _shared_counts(run, rows, groups)
     recomputed = sum(_shared_layer(shape, run, rows, groups))  # all groups run as one pass (prefix.py)
-    stored = C.CKPT_SHARED_STORED * shape.layers * shape.hidden * (pt + ct) + _key_copies(shape, run, rows)
-    return stored + C.CKPT_SHARED_LAYERS * recomputed
+    per_token, layers = ((C.CKPT_SHARED_LORA_STORED, C.CKPT_SHARED_LORA_LAYERS) if run.lora
+                         else (C.CKPT_SHARED_STORED, C.CKPT_SHARED_LAYERS))
+    stored = per_token * shape.layers * shape.hidden * (pt + ct) + _key_copies(shape, run, rows)
+    return stored + layers * recomputed
+
+
+def _rollout_kv(shape: ModelShape, run: RunShape, decoding: int, b: int) -> float:
+    """The rollout's peak above the weights: the compiled loop's buffers at their length and its
+    decode logits, or BatchGenerator's cache, grown 256 tokens at a time."""
+    per_token = shape.layers * shape.kv_heads * shape.head_dim * 2 * b
+    if run.compiled_rollout:
+        columns = _pad(max(run.max_prompt - 1, 0), C.PROMPT_BUCKET) + run.max_new
+        logits = C.DECODE_LOGIT_COPIES * decoding * shape.vocab * 4
+        return C.COMPILED_ROLLOUT_FACTOR * decoding * columns * per_token + logits
+    return C.ROLLOUT_FACTOR * decoding * _pad(run.max_prompt + run.max_new, C.KV_STEP) * per_token
 
 
 def _key_copies(shape: ModelShape, run: RunShape, rows: int) -> float:
@@ -105,11 +127,9 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
     # from one update to the next; the formula, not a measurement
     copy = weight_bytes(shape, b, run.rollout_bits, 64) if run.rollout_bits else 0.0
     decoding = min(run.decode_batch or run.sequences, run.sequences)
-    slots = _pad(run.max_prompt + run.max_new, C.KV_STEP)
-    kv = decoding * slots * shape.layers * shape.kv_heads * shape.head_dim * 2 * b
-    rows = min(run.micro_batch or run.part_rows, run.part_rows)
+    rollout_kv = _rollout_kv(shape, run, decoding, b)
+    rows, groups = micro_batch_rows(run)
     T = _pad(run.max_new, C.PAD_TO)
-    groups = _groups_in_chunk(rows, run.part_rows, run.group_size)
     half = C.ACT_HALF if b == 2 else 1.0
     if run.grad_checkpoint:
         stored = _checkpointed_update(shape, run, rows, groups) * half
@@ -117,11 +137,13 @@ def predict(shape: ModelShape, run: RunShape) -> dict[str, float]:
         micro = (stored + C.CKPT_GRADS * trainable * b) * lora
     else:
         micro = _plain_update(shape, run, rows, groups) * (C.LORA_PLAIN if run.lora else 1.0) * half
-    activations = max(micro, C.OPTIMIZER_STEP * trainable * b)
+    # over several micro-batches the gradient summed so far sits beside the next one's (update/step.py)
+    passes = -(-run.part_rows // rows) * (run.sequences // run.part_rows)
+    activations = max(micro + (trainable * b if passes > 1 else 0.0), C.OPTIMIZER_STEP * trainable * b)
     logits = _logits(shape, run, rows, T)
     phases = {
         "weights": weights, "adapters": adapters, "optimizer state": optimizer, "reference": reference,
-        "rollout copy": copy, "rollout KV cache": kv * C.ROLLOUT_FACTOR, "update activations": activations, "logits": logits,
+        "rollout copy": copy, "rollout KV cache": rollout_kv, "update activations": activations, "logits": logits,
     }
     judge_weights, judge_kv = _judges(run)
     held = weights + adapters + optimizer + reference + copy + judge_weights
@@ -144,7 +166,9 @@ def suggestions(shape: ModelShape, run: RunShape, budget: float) -> list[tuple[s
     decoding = min(run.decode_batch or run.sequences, run.sequences)
     for gb in (decoding // 2, decoding // 4):
         if 1 <= gb < decoding:
-            tries.append((f"generation.batch_size={gb}", replace(run, decode_batch=gb)))
+            # a batch that splits a group is BatchGenerator's (rollout/sample.py)
+            compiled = run.compiled_rollout and gb % run.group_size == 0
+            tries.append((f"generation.batch_size={gb}", replace(run, decode_batch=gb, compiled_rollout=compiled)))
     if not run.grad_checkpoint:
         tries.append(("training.grad_checkpoint=true", replace(run, grad_checkpoint=True)))
     if not run.lora:

@@ -260,6 +260,9 @@ class RunShape:
     shared_prefix: bool = False  # training.shared_prefix: each group's prompt runs once (algorithm/prefix.py)
     group_size: int = 1  # generation.num_generations: rows sharing one prompt
     judges: tuple[JudgeShape, ...] = ()  # judge rewards: held beside the policy, and their own phase
+    # the rollout decodes with rollout/engine.py, not BatchGenerator (commands/plan.py resolves it
+    # with the model; False, BatchGenerator's larger peak, where nothing did)
+    compiled_rollout: bool = False
 
 
 def run_shape(cfg, dtype: str = "float32") -> RunShape:

@@ -43,6 +43,8 @@ class UpdateSettings:
     temperature: float  # generation.temperature: the log-probs are of the sampled distribution
     max_new_tokens: int  # generation.max_new_tokens (with tools, the episode budget): dr_grpo's normaliser
     shared_prefix: bool = True  # training.shared_prefix: each group's prompt runs once per pass
+    # training.grad_checkpoint with LoRA: a shared-prefix micro-batch holds one group (update/batches.py)
+    one_group_per_pass: bool = False
     # grpo.importance_sampling_correction with "auto" resolved (see `resolve_correction`)
     importance_sampling_correction: str = "none"
     importance_sampling_cap: float = 3.0
@@ -60,7 +62,7 @@ class UpdateSettings:
             importance_sampling_level=g.importance_sampling_level,
             top_entropy_quantile=g.top_entropy_quantile, temperature=gen.temperature,
             max_new_tokens=completion_cap(cfg),
-            shared_prefix=t.shared_prefix,
+            shared_prefix=t.shared_prefix, one_group_per_pass=t.grad_checkpoint and cfg.lora.enabled,
             importance_sampling_correction=resolve_correction(cfg),
             importance_sampling_cap=g.importance_sampling_cap,
             importance_sampling_floor=g.importance_sampling_floor,

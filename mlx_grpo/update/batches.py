@@ -101,9 +101,10 @@ def _chunks(prompts, start: int, stop: int, size: int, by_group: bool) -> list[r
     recomputed layer. Measured (4 groups of 4, 2 steps, validate_memory_plan.py's configs): LoRA
     r8 builtin:tiny on 333-token prompts peaked at 0.127 GB as one pass and 0.036 GB a group at a
     time, builtin:small 0.657 and 0.243 GB (its step 7.68 and 7.65 s), on short prompts 0.231 and
-    0.140 GB (2.11 and 2.48 s). A full fine-tune pays for it with one more gradient copy, which the
-    accumulation over micro-batches holds: builtin:small 0.591 GB as one pass, 0.693 GB a group
-    at a time. So only LoRA's micro-batches are cut by group (UpdateSettings.one_group_per_pass)."""
+    0.140 GB (2.11 and 2.48 s). A full fine-tune pays for it with the gradient summed over the
+    micro-batches, a model-sized array beside the next one's: builtin:small 0.488 GB as one pass,
+    0.565 GB a group at a time. So only LoRA's micro-batches are cut by group
+    (UpdateSettings.one_group_per_pass)."""
     if not by_group:
         return [range(lo, min(lo + size, stop)) for lo in range(start, stop, size)]
     chunks, lo = [], start

@@ -7,11 +7,11 @@ are allocated once at their final length, every row writes the same column, and 
 (the model, the sampler, the sampled token's log-prob) is one `mx.compile`d function of fixed
 shapes: it is traced again only when the batch, the buffer length or the columns attention reads
 (`READ_BUCKET`) change, and the prompt part of the buffer is rounded up (`PROMPT_BUCKET`) so
-prompts of similar length share a trace. The host
-looks for finished rows after every step, on the tokens of `CHECK_LAG` steps back, computed by
-then, so the device never waits on a read and at most `CHECK_LAG` steps run after the last row
-has ended; once at most half the batch is still decoding, the finished rows
-leave it (`_kept`: the batch shrinks to a power of two, so a run traces a few batch sizes).
+prompts of similar length share a trace. The host looks for finished rows after every step, on
+the tokens of `CHECK_LAG` steps back, computed by then, so the device never waits on a read and at
+most `CHECK_LAG` steps run after the last row has ended; once at most half the batch is still
+decoding, the finished rows leave it (`_kept`: the batch shrinks to a power of two, so a run
+traces a few batch sizes).
 
 Each prompt is prefilled once and its cache copied into its G rows, left-padded so that all
 rows' next token goes to one column; the mask hides the padding. Only models whose every layer

@@ -56,10 +56,11 @@ def test_warmup_must_be_whole_updates_or_a_share():
 
 @pytest.mark.parametrize("dtype", [mx.float32, mx.bfloat16])
 @pytest.mark.parametrize("max_norm", [0.0, 1.0])
-@pytest.mark.parametrize("compiled", [True, False])
-def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm, compiled):
+@pytest.mark.parametrize("group_share", [1.0, 0.01])
+def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm, group_share):
     """apply_update against optim.clip_grad_norm + optimizer.update, three updates with a warmup
-    schedule; bfloat16 through its float32 master, made at the first update."""
+    schedule, in one group and a parameter per group; bfloat16 through its float32 master, made at
+    the first update."""
     from mlx.utils import tree_flatten
     import mlx.optimizers as optim
 
@@ -69,15 +70,15 @@ def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm, c
     models, optimizers = [], []
     for _ in range(2):
         mx.random.seed(3)
-        models.append(nn.Linear(5, 4))
+        models.append(nn.Sequential(nn.Linear(5, 4), nn.Linear(4, 3)))
         models[-1].set_dtype(dtype)
         optimizers.append(make_optimizer(tcfg, total_updates=10))
     for step in range(3):
-        grads = {"weight": mx.random.normal((4, 5)) * (step + 1), "bias": mx.random.normal((4,))}
+        grads = tree_map(lambda p: mx.random.normal(p.shape) * (step + 1), models[0].parameters())
         norm = optim.clip_grad_norm(grads, float("inf"))[1]
         clipped = optim.clip_grad_norm(grads, max_norm)[0] if max_norm else grads
         optimizers[0].update(models[0], clipped)
-        apply_update(models[1], optimizers[1], grads, norm, max_norm, compiled=compiled)
+        apply_update(models[1], optimizers[1], grads, norm, max_norm, group_share=group_share)
         mx.eval(models[1].parameters(), optimizers[1].state)
         if step == 0:
             assert norm.item() > 1.0  # the bound clips
@@ -85,8 +86,9 @@ def test_the_compiled_update_clips_and_steps_as_the_plain_one(dtype, max_norm, c
             assert a.dtype == b.dtype == dtype
             assert mx.allclose(a.astype(mx.float32), b.astype(mx.float32), rtol=1e-5, atol=1e-6).item(), (step, k)
     assert optimizers[1].state["step"].item() == 3
+    assert len(optimizers[1]._update_plan[3]) == (1 if group_share == 1.0 else 4)
     if dtype == mx.bfloat16:
-        assert optimizers[1].state["weight"]["master"].dtype == mx.float32
+        assert optimizers[1].state["layers"][0]["weight"]["master"].dtype == mx.float32
 
 
 def test_an_optimizer_and_its_model_are_freed_after_a_compiled_update():
@@ -97,27 +99,58 @@ def test_an_optimizer_and_its_model_are_freed_after_a_compiled_update():
 
     model, optimizer = nn.Linear(3, 2), make_optimizer(_training(), total_updates=10)
     grads = {"weight": mx.ones((2, 3)), "bias": mx.ones((2,))}
-    apply_update(model, optimizer, grads, mx.array(3.0), 1.0, compiled=True)
+    apply_update(model, optimizer, grads, mx.array(3.0), 1.0)
     mx.eval(model.parameters())
-    assert optimizer._compiled_update
+    assert optimizer._update_plan
     refs = weakref.ref(model), weakref.ref(optimizer)
     del model, optimizer
     gc.collect()
     assert refs[0]() is None and refs[1]() is None
 
 
-def test_a_full_fine_tune_updates_plain_and_adapters_compiled():
-    """The compiled update holds more at its peak: only a model training a small share of its
-    parameters (LoRA's adapters) gets it by default."""
+def test_a_full_fine_tune_updates_in_groups_and_adapters_in_one():
+    """A compiled group holds its inputs and outputs at once: a full fine-tune goes through in
+    groups of at most an eighth of the model's parameters, in order; a small trainable share in one."""
+    from mlx_grpo.update.optimizer import _groups
+
+    model = nn.Sequential(*[nn.Linear(8, 8, bias=False) for _ in range(16)])  # 16 x 64 parameters
+    assert _groups(model, 0.125) == [[f"layers.{i}.weight", f"layers.{i + 1}.weight"] for i in range(0, 16, 2)]
+    for layer in model.layers[:-2]:
+        layer.freeze()
+    assert _groups(model, 0.125) == [["layers.14.weight", "layers.15.weight"]]
+
+
+def _update_peak(update) -> int:
+    """Bytes above the weights, gradients and AdamW state at the peak of a second update of 16
+    float32 Linear(256, 256) layers (4 MiB of weights), the gradients built before the count starts."""
+    mx.random.seed(0)
+    model = nn.Sequential(*[nn.Linear(256, 256, bias=False) for _ in range(16)])
+    optimizer = make_optimizer(_training(), total_updates=10)
+    for _ in range(2):
+        grads = tree_map(lambda p: mx.random.normal(p.shape), model.parameters())
+        mx.eval(grads, model.parameters(), optimizer.state)
+        base = mx.get_active_memory()
+        mx.reset_peak_memory()
+        update(model, optimizer, grads)
+        del grads
+        mx.eval(model.parameters(), optimizer.state)
+    return mx.get_peak_memory() - base
+
+
+def test_the_grouped_update_peaks_no_higher_than_the_plain_one():
+    """Each group is evaluated with no reference left to its old weights and gradients, so it
+    holds at most a group's new weights and moments beside the old; one compiled function over
+    the whole model holds them all (4 more weight-sized arrays: 16 MiB here)."""
     from mlx_grpo.update.optimizer import apply_update
 
-    def updated(frozen):
-        model = nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 2))
-        if frozen:
-            model.layers[0].freeze()  # 72 of 90 parameters: 0.2 of them train
-        optimizer = make_optimizer(_training(), total_updates=10)
-        grads = tree_map(mx.ones_like, model.trainable_parameters())
-        apply_update(model, optimizer, grads, mx.array(1.0), 1.0)
-        return getattr(optimizer, "_compiled_update", None) is not None
+    def plain(model, optimizer, grads):
+        optimizer.update(model, grads)
 
-    assert not updated(False) and updated(True)
+    def grouped(model, optimizer, grads, share=0.125):
+        apply_update(model, optimizer, grads, mx.array(1.0), 0.0, group_share=share)
+
+    weights = 16 * 256 * 256 * 4
+    plain_peak, grouped_peak = _update_peak(plain), _update_peak(grouped)
+    whole_peak = _update_peak(lambda *a: grouped(*a, share=1.0))
+    assert grouped_peak <= plain_peak + weights / 8, (grouped_peak, plain_peak)
+    assert whole_peak >= grouped_peak + 2 * weights, (whole_peak, grouped_peak)

@@ -231,3 +231,24 @@ def test_custom_reward_files_are_imported_only_when_named(tmp_path):
     rewards = RewardSet.from_config([{"name": "mine.py:short", "weight": 1.0}], base_dir=tmp_path)
     assert marker.exists()
     assert rewards(["q"], ["abc"], ["a"])[0] == [0.25]
+
+
+def test_a_prompt_token_past_the_embedding_is_refused_naming_the_row(tmp_path, tiny_path):
+    from mlx_grpo.commands.setup import setup
+
+    folder = _copy_model(tiny_path, tmp_path / "model")
+    tok_file = tmp_path / "model" / "tokenizer.json"
+    tok = json.loads(tok_file.read_text())
+    rows = 1 + max(*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"]))  # tiny embeds these
+    tok["added_tokens"].append({"id": rows, "content": "<tool_call>", "single_word": False, "lstrip": False,
+                                "rstrip": False, "normalized": False, "special": False})
+    tok_file.write_text(json.dumps(tok))  # a token added to the tokenizer after the model was saved
+    data = tmp_path / "rows.jsonl"
+    data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n"
+                            for q in ("What is 1 + 0?", "Call <tool_call> for 2 + 3?")))
+    cfg = load_config(None, [f'model.path="{folder}"', f'data.dataset="{data}"'])
+    with pytest.raises(DataError, match=rf"token id {rows} in the prompt of data row 1, but the model's "
+                                        rf"embedding has {rows} rows"):
+        setup(cfg, total_updates=1)
+    data.write_text(json.dumps({"question": "What is 1 + 0?", "answer": "1"}) + "\n")
+    assert len(setup(cfg, total_updates=1).examples) == 1  # the same model without that token trains

@@ -14,7 +14,7 @@ import mlx.core as mx
 import mlx.nn as nn
 
 from mlx_grpo.algorithm.prefix import unshared_cache_kinds
-from mlx_grpo.data.examples import Example, load_examples
+from mlx_grpo.data.examples import Example, check_token_ids, load_examples
 from mlx_grpo.distributed import SINGLE, World, sampling_seed, sync_parameters
 from mlx_grpo.errors import TrainingError
 from mlx_grpo.models.adapters import load_adapter_weights
@@ -141,6 +141,13 @@ def _with_tools(cfg, toolset: Toolset | None, tokenizer, world: World) -> dict:
     return template_kwargs(kwargs, toolset, tokenizer, where)
 
 
+def _embedding_rows(model) -> int | None:
+    """How many token ids the model embeds: its largest embedding's rows (a vision tower's position
+    table is smaller than any vocabulary), None where it has none."""
+    kinds = (nn.Embedding, nn.QuantizedEmbedding)
+    return max((m.weight.shape[0] for _, m in model.named_modules() if isinstance(m, kinds)), default=None)
+
+
 def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None,
           toolset: Toolset | None = None) -> Trainer:
     """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
@@ -159,6 +166,8 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
     data = replace(cfg.data, chat_template_kwargs=_with_tools(cfg, toolset, tokenizer, world))
     examples = load_examples(data, tokenizer, seed=cfg.seed, rows=rows)
+    if (vocab := _embedding_rows(model)) is not None:
+        check_token_ids(examples, vocab, cfg.model.path)
     gen, settings = cfg.generation, prefix_sharing(UpdateSettings.from_config(cfg), model, cfg.model.path, world)
     return Trainer(
         model, tokenizer, base_path, num_layers, ref_model, examples,

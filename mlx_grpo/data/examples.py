@@ -114,6 +114,20 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
     return examples, skipped
 
 
+def check_token_ids(examples: list[Example], rows: int, model: str) -> None:
+    """Raise on a prompt token past the model's `rows` embedding rows, naming the data row: a
+    tokenizer with tokens added after the model was saved gives such ids, and MLX gathers past the
+    embedding (garbage logits, or a crash on a corrupted heap) rather than fail."""
+    for e in examples:
+        top = max(e.prompt_tokens, default=0)
+        if top >= rows:
+            raise DataError(
+                f"model.path: {model}'s tokenizer gives token id {top} in the prompt of data row {e.row}, "
+                f"but the model's embedding has {rows} rows (0-{rows - 1}); use the tokenizer saved with "
+                "these weights"
+            )
+
+
 def load_examples(cfg, tokenizer, seed: int = 0, split: str | None = None,
                   setting: str = "data.split", rows: list[dict] | None = None) -> list[Example]:
     """Load, map and tokenize one split (default cfg.split); prints how many prompts were too long.

@@ -10,6 +10,7 @@ import mlx.optimizers as optim
 import pytest
 from mlx.utils import tree_flatten
 
+from checks import one_line_error
 from mlx_grpo import cli
 from mlx_grpo.run.checkpoint import CheckpointError, save_checkpoint
 from mlx_grpo.run.layout import list_checkpoints
@@ -233,16 +234,23 @@ def test_custom_reward_files_are_imported_only_when_named(tmp_path):
     assert rewards(["q"], ["abc"], ["a"])[0] == [0.25]
 
 
-def test_a_prompt_token_past_the_embedding_is_refused_naming_the_row(tmp_path, tiny_path):
-    from mlx_grpo.commands.setup import setup
-
-    folder = _copy_model(tiny_path, tmp_path / "model")
-    tok_file = tmp_path / "model" / "tokenizer.json"
+def tokenizer_past_the_embedding(tiny_path, dst) -> tuple[str, int]:
+    """A copy of tiny whose tokenizer gained "<tool_call>" after the model was saved: (the folder,
+    the token's id, the first row the embedding lacks)."""
+    folder = _copy_model(tiny_path, dst)
+    tok_file = dst / "tokenizer.json"
     tok = json.loads(tok_file.read_text())
     rows = 1 + max(*tok["model"]["vocab"].values(), *(t["id"] for t in tok["added_tokens"]))  # tiny embeds these
     tok["added_tokens"].append({"id": rows, "content": "<tool_call>", "single_word": False, "lstrip": False,
                                 "rstrip": False, "normalized": False, "special": False})
-    tok_file.write_text(json.dumps(tok))  # a token added to the tokenizer after the model was saved
+    tok_file.write_text(json.dumps(tok))
+    return folder, rows
+
+
+def test_a_prompt_token_past_the_embedding_is_refused_naming_the_row(tmp_path, tiny_path):
+    from mlx_grpo.commands.setup import setup
+
+    folder, rows = tokenizer_past_the_embedding(tiny_path, tmp_path / "model")
     data = tmp_path / "rows.jsonl"
     data.write_text("".join(json.dumps({"question": q, "answer": "1"}) + "\n"
                             for q in ("What is 1 + 0?", "Call <tool_call> for 2 + 3?")))
@@ -252,3 +260,61 @@ def test_a_prompt_token_past_the_embedding_is_refused_naming_the_row(tmp_path, t
         setup(cfg, total_updates=1)
     data.write_text(json.dumps({"question": "What is 1 + 0?", "answer": "1"}) + "\n")
     assert len(setup(cfg, total_updates=1).examples) == 1  # the same model without that token trains
+
+
+def test_an_eval_prompt_past_the_embedding_is_refused_before_the_first_step(tmp_path, tiny_path, capsys):
+    # Evaluated at step N of a run, it would crash there: refused when the run starts, and by `eval`.
+    folder, rows = tokenizer_past_the_embedding(tiny_path, tmp_path / "model")
+    files = {"train": ["What is 1 + 0?"], "test": ["What is 2 + 3?", "Call <tool_call> for 2 + 3?"]}
+    for split, questions in files.items():
+        (tmp_path / f"{split}.jsonl").write_text(
+            "".join(json.dumps({"question": q, "answer": "#### 5"}) + "\n" for q in questions))
+    table = "data.dataset={" + ", ".join(f'{k} = "{tmp_path / k}.jsonl"' for k in files) + "}"
+    profile = tmp_path / "p.toml"
+    profile.write_text(f'[model]\npath = "{folder}"\n[eval]\nevery = 5\n')
+    assert cli.main(["train", "--config", str(profile), "--set", table, "--set", f"output_dir={tmp_path / 'run'}",
+                     "--set", "training.max_steps=1"]) == 2
+    one_line_error(capsys, f"model.path: {folder}'s tokenizer gives token id {rows} in the prompt of data row 1 "
+                           "of split 'test'")
+    assert not list_checkpoints(tmp_path / "run")
+    assert cli.main(["eval", "--model", folder, "--config", str(profile), "--set", table]) == 2
+    one_line_error(capsys, f"--model {folder}'s tokenizer gives token id {rows}", "of split 'test'")
+
+
+def test_a_tool_run_with_a_tokenizer_past_the_embedding_is_refused_at_setup(tmp_path, tiny_path):
+    # A tool's output is any text, so the token could come mid-run: refused before the first step.
+    from mlx_grpo.commands.setup import setup
+    from mlx_grpo.tools import make_toolset
+
+    folder, rows = tokenizer_past_the_embedding(tiny_path, tmp_path / "model")
+    data = tmp_path / "rows.jsonl"
+    data.write_text(json.dumps({"question": "What is 1 + 0?", "answer": "1"}) + "\n")
+    cfg = load_config(None, [f'model.path="{folder}"', f'data.dataset="{data}"',
+                             'tools.functions=["examples/calculator_tools.py:calculator"]'])
+    with pytest.raises(ModelError, match=rf"tokenizer has token ids up to {rows}, but the model's embedding has "
+                                         rf"{rows} rows \(0-{rows - 1}\), and a tool's output"):
+        setup(cfg, total_updates=1, toolset=make_toolset(cfg))
+    cfg = load_config(None, [f'model.path="{tiny_path}"', f'data.dataset="{data}"',
+                             'tools.functions=["examples/calculator_tools.py:calculator"]'])
+    assert setup(cfg, total_updates=1, toolset=make_toolset(cfg)).tools is not None  # its own tokenizer fits
+
+
+def test_generate_and_chat_refuse_a_prompt_past_the_embedding_and_chat_goes_on(tmp_path, tiny_path):
+    import io
+
+    import mlx_lm
+
+    from mlx_grpo.commands.chat import ChatSession, chat_loop
+    from mlx_grpo.commands.generate import generate_answer
+
+    folder, rows = tokenizer_past_the_embedding(tiny_path, tmp_path / "model")
+    model, tokenizer = mlx_lm.load(folder)
+    with pytest.raises(ModelError, match=rf"the prompt encodes to token id {rows}, but the model's embedding "
+                                         rf"has {rows}"):
+        generate_answer(model, tokenizer, "Call <tool_call> for 2 + 3?", max_tokens=4)
+    assert generate_answer(model, tokenizer, "What is 2 + 3?", max_tokens=4).num_tokens > 0
+    session = ChatSession(model, tokenizer, max_tokens=4)
+    lines, out = iter(["Call <tool_call> now", "What is 2 + 3?", "/quit"]), io.StringIO()
+    chat_loop(session, read=lambda _: next(lines), out=out)
+    assert f"error: the prompt encodes to token id {rows}" in out.getvalue()
+    assert [m["content"] for m in session.messages if m["role"] == "user"] == ["What is 2 + 3?"]

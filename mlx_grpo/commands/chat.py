@@ -16,6 +16,8 @@ from mlx_lm.utils import common_prefix_len
 from mlx_grpo.commands.args import add_model_args, add_sampling_args
 from mlx_grpo.commands.generate import print_piece, stream_answer
 from mlx_grpo.data.chat import render_messages
+from mlx_grpo.errors import ModelError
+from mlx_grpo.models.vocab import check_prompt_ids
 
 HELP = "commands: /reset (new conversation), /system TEXT, /quit; Ctrl-C stops an answer, Ctrl-D exits"
 
@@ -54,6 +56,11 @@ class ChatSession:
         """The answer to `text` (streamed to on_text) and whether Ctrl-C cut it short."""
         self.messages.append({"role": "user", "content": text})
         tokens = render_messages(self.tokenizer, self.messages, self.template_kwargs)
+        try:
+            check_prompt_ids(self.model, tokens)
+        except ModelError:
+            self.messages.pop()  # the conversation goes on as if this line was not sent
+            raise
         keep = self._reuse_cache(tokens)
         pieces = []
         try:
@@ -106,7 +113,11 @@ def chat_loop(session: ChatSession, read: Callable[[str], str] = input, out=None
         elif command.startswith("/"):
             out.write(f"unknown command {command}; {HELP}\n")
         else:
-            _, stopped = session.reply(line.strip(), on_text=lambda s: print_piece(s, out))
+            try:
+                _, stopped = session.reply(line.strip(), on_text=lambda s: print_piece(s, out))
+            except ModelError as e:
+                out.write(f"error: {e}\n")
+                continue
             out.write(" [stopped]\n" if stopped else "\n")
 
 

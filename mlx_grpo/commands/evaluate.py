@@ -30,7 +30,8 @@ from tqdm import tqdm
 
 from mlx_grpo.commands.args import add_model_args, add_progress_arg, number_at_least, seed_number
 from mlx_grpo.errors import UserError
-from mlx_grpo.data.examples import load_examples
+from mlx_grpo.data.examples import check_token_ids, load_examples
+from mlx_grpo.models.vocab import embedding_rows
 from mlx_grpo.rewards.task_metrics import accuracy_metrics, is_gsm8k_style, number_metrics, rouge_metrics
 from mlx_grpo.rng import capture_rng, restore_rng
 from mlx_grpo.run.console import cap_width, show_bar
@@ -64,11 +65,13 @@ class EvalSettings:
         return cls(**values)
 
 
-def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str = "eval.split"):
+def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str = "eval.split",
+                       model=None, model_name: str = ""):
     """The split's distinct prompts, in order, the first `limit` of them (0 = all).
 
     A split the data set does not have stops with one line naming `setting` (the key or flag
-    that chose it) and the splits there are.
+    that chose it) and the splits there are; with the `model`, so does a prompt token it cannot
+    embed, naming the row and `model_name` (default: model.path).
     """
     seen, out = set(), []
     for e in load_examples(cfg.data, tokenizer, seed=cfg.seed, split=split, setting=setting):
@@ -76,7 +79,10 @@ def load_eval_examples(cfg, tokenizer, split: str, limit: int = 0, setting: str 
         if key not in seen:
             seen.add(key)
             out.append(e)
-    return out[:limit] if limit else out
+    out = out[:limit] if limit else out
+    if model is not None and (rows := embedding_rows(model)) is not None:
+        check_token_ids(out, rows, model_name or f"model.path: {cfg.model.path}", split)
+    return out
 
 
 def _decode(model, tokenizer, examples, k: int, sampler, settings, bar) -> list[list[str]]:
@@ -142,7 +148,7 @@ def format_table(metrics: dict) -> str:
     return "\n".join(rows)
 
 
-def make_training_eval(cfg, tokenizer, reward_set):
+def make_training_eval(cfg, tokenizer, reward_set, model=None):
     """For `[eval] every = N`: a function (model) -> {"eval/<metric>": value}, or None when off.
 
     The examples are loaded now, so a bad split stops the run before its first step. The K
@@ -151,7 +157,7 @@ def make_training_eval(cfg, tokenizer, reward_set):
     """
     if not cfg.eval.every:
         return None
-    examples = load_eval_examples(cfg, tokenizer, cfg.eval.split, cfg.eval.limit)
+    examples = load_eval_examples(cfg, tokenizer, cfg.eval.split, cfg.eval.limit, model=model)
     settings = EvalSettings.from_config(cfg)
 
     def run(model) -> dict:
@@ -246,7 +252,8 @@ def main(args) -> dict:
     settings = EvalSettings.from_config(cfg, num_samples=args.num_samples, max_new_tokens=args.max_tokens,
                                         temperature=args.temperature)
     reward_set = make_rewards(cfg, args.config, group_size=1)
-    examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split")
+    examples = load_eval_examples(cfg, tokenizer, split, limit, setting="--split" if args.split else "eval.split",
+                                  model=model, model_name=f"--model {args.model}" if args.model else "")
     mx.random.seed(cfg.seed if args.seed is None else args.seed)
     result = evaluate(model, tokenizer, examples, reward_set, settings, progress=args.progress)
     result = {"model": model_name, "adapter": args.adapter, "split": split,

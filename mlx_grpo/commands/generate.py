@@ -15,6 +15,7 @@ from mlx_lm.generate import stream_generate
 
 from mlx_grpo.commands.args import add_model_args, add_sampling_args
 from mlx_grpo.data.chat import conversation, render_messages
+from mlx_grpo.models.vocab import check_prompt_ids
 from mlx_grpo.rollout.sample import make_rollout_sampler
 
 
@@ -50,6 +51,7 @@ def generate_answer(model, tokenizer, prompt: str, *, system_prompt: str = "", m
     run's data.chat_template_kwargs."""
     mx.random.seed(seed)
     tokens = render_messages(tokenizer, conversation(system_prompt, prompt), template_kwargs)
+    check_prompt_ids(model, tokens)
     sampler = make_rollout_sampler(temperature, top_p, 0, 0.0)
     return stream_answer(model, tokenizer, tokens, max_tokens=max_tokens, sampler=sampler, on_text=on_text)
 

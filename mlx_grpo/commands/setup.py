@@ -20,6 +20,7 @@ from mlx_grpo.errors import TrainingError
 from mlx_grpo.models.adapters import load_adapter_weights
 from mlx_grpo.models.load import add_adapters, checkpoint_layers, load_base
 from mlx_grpo.models.reference import load_reference
+from mlx_grpo.models.vocab import check_tokenizer_fits, embedding_rows
 from mlx_grpo.rewards import RewardSet
 from mlx_grpo.rollout.quantized import QuantizedRollouts
 from mlx_grpo.rollout import engine as compiled_engine
@@ -141,13 +142,6 @@ def _with_tools(cfg, toolset: Toolset | None, tokenizer, world: World) -> dict:
     return template_kwargs(kwargs, toolset, tokenizer, where)
 
 
-def _embedding_rows(model) -> int | None:
-    """How many token ids the model embeds: its largest embedding's rows (a vision tower's position
-    table is smaller than any vocabulary), None where it has none."""
-    kinds = (nn.Embedding, nn.QuantizedEmbedding)
-    return max((m.weight.shape[0] for _, m in model.named_modules() if isinstance(m, kinds)), default=None)
-
-
 def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | None = None,
           toolset: Toolset | None = None) -> Trainer:
     """Load the policy and its reference, then the data (`rows`, else cfg.data's training split);
@@ -164,10 +158,13 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     # Loading models draws random numbers (layer init before the weights arrive), and how many
     # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
+    if toolset:
+        check_tokenizer_fits(model, tokenizer, f"model.path: {cfg.model.path}",
+                             "a tool's output or an environment's prompt")
     data = replace(cfg.data, chat_template_kwargs=_with_tools(cfg, toolset, tokenizer, world))
     examples = load_examples(data, tokenizer, seed=cfg.seed, rows=rows)
-    if (vocab := _embedding_rows(model)) is not None:
-        check_token_ids(examples, vocab, cfg.model.path)
+    if (vocab := embedding_rows(model)) is not None:
+        check_token_ids(examples, vocab, f"model.path: {cfg.model.path}")
     gen, settings = cfg.generation, prefix_sharing(UpdateSettings.from_config(cfg), model, cfg.model.path, world)
     return Trainer(
         model, tokenizer, base_path, num_layers, ref_model, examples,

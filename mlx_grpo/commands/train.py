@@ -87,7 +87,7 @@ def _train(cfg, config_path, world, overwrite: bool, force: bool, reward_set, ro
     t, g = cfg.training, cfg.grpo
     tr = setup(cfg, total_updates=t.max_steps * g.num_iterations, world=world, rows=rows, toolset=toolset)
     # None unless [eval] every > 0; rank 0 evaluates alone, its parameters equal every rank's.
-    run_eval = make_training_eval(cfg, tokenizer=tr.tokenizer, reward_set=reward_set) if world.is_main else None
+    run_eval = make_training_eval(cfg, tr.tokenizer, reward_set, model=tr.model) if world.is_main else None
     groups = t.prompts_per_step * t.gradient_accumulation_steps  # prompts (groups) per step
     stream = prompt_stream(tr.examples, groups, cfg, start)
     log = StepLog(cfg, first=start.step + 1 if start else 1) if world.is_main else None

@@ -114,15 +114,17 @@ def build_examples(rows, tokenizer, cfg, label: str = "data") -> tuple[list[Exam
     return examples, skipped
 
 
-def check_token_ids(examples: list[Example], rows: int, model: str) -> None:
-    """Raise on a prompt token past the model's `rows` embedding rows, naming the data row: a
+def check_token_ids(examples: list[Example], rows: int, model: str, split: str | None = None) -> None:
+    """Raise on a prompt token past the model's `rows` embedding rows, naming the data row (of
+    `split`, where not the training data) and `model` (the setting or flag and its value): a
     tokenizer with tokens added after the model was saved gives such ids, and MLX gathers past the
     embedding (garbage logits, or a crash on a corrupted heap) rather than fail."""
+    where = f" of split {split!r}" if split else ""
     for e in examples:
         top = max(e.prompt_tokens, default=0)
         if top >= rows:
             raise DataError(
-                f"model.path: {model}'s tokenizer gives token id {top} in the prompt of data row {e.row}, "
+                f"{model}'s tokenizer gives token id {top} in the prompt of data row {e.row}{where}, "
                 f"but the model's embedding has {rows} rows (0-{rows - 1}); use the tokenizer saved with "
                 "these weights"
             )

@@ -17,7 +17,7 @@ with its own .venv); each bench also measures MLX's plain limit on the same shap
 The other tools need their own virtual environments (not this project's), for example:
 
     uv venv /tmp/anch-lora && uv pip install --python /tmp/anch-lora "mlx-lm-lora==5.10.2" "mlx[cpu]"
-    uv venv /tmp/anch-trl && uv pip install --python /tmp/anch-trl "trl==1.16.*" torch
+    uv venv /tmp/anch-trl && uv pip install --python /tmp/anch-trl "trl==1.16.*" torch peft  # peft: --lora-rank
     uv venv /tmp/anch-mlxgrpo && uv pip install --python /tmp/anch-mlxgrpo \\
         "mlx[cpu]==0.29.3" "mlx-lm==0.28.3" "transformers==4.57.1" "datasets==4.2.0"
     # MLX-GRPO (GitHub repository Doriandarko/MLX-GRPO) is a script, not a package: unpack the

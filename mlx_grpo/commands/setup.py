@@ -158,12 +158,13 @@ def setup(cfg, *, total_updates: int, world: World = SINGLE, rows: list[dict] | 
     # Loading models draws random numbers (layer init before the weights arrive), and how many
     # depends on beta, LoRA and the reference; sampling starts from the seed whatever they are.
     mx.random.seed(sampling_seed(cfg.seed, world.rank))
-    if toolset:
-        check_tokenizer_fits(model, tokenizer, f"model.path: {cfg.model.path}",
+    vocab = embedding_rows(model)
+    if toolset and vocab is not None:
+        check_tokenizer_fits(vocab, tokenizer, f"model.path: {cfg.model.path}",
                              "a tool's output or an environment's prompt")
     data = replace(cfg.data, chat_template_kwargs=_with_tools(cfg, toolset, tokenizer, world))
     examples = load_examples(data, tokenizer, seed=cfg.seed, rows=rows)
-    if (vocab := embedding_rows(model)) is not None:
+    if vocab is not None:
         check_token_ids(examples, vocab, f"model.path: {cfg.model.path}")
     gen, settings = cfg.generation, prefix_sharing(UpdateSettings.from_config(cfg), model, cfg.model.path, world)
     return Trainer(

@@ -21,11 +21,11 @@ def embedding_rows(model) -> int | None:
     return max((m.weight.shape[0] for _, m in model.named_modules() if isinstance(m, kinds)), default=None)
 
 
-def check_tokenizer_fits(model, tokenizer, name: str, why: str) -> None:
-    """Raise when `tokenizer` has any id the model cannot embed (`why`: what text it may encode)."""
-    rows = embedding_rows(model)
+def check_tokenizer_fits(rows: int, tokenizer, name: str, why: str) -> None:
+    """Raise when `tokenizer` has any id past the model's `rows` embedding rows (`why`: what text
+    it may encode)."""
     top = max(tokenizer.get_vocab().values())
-    if rows is not None and top >= rows:
+    if top >= rows:
         raise ModelError(f"{name}'s tokenizer has token ids up to {top}, but the model's embedding has {rows} rows "
                          f"(0-{rows - 1}), and {why} could encode to one; {ADVICE}")
 

@@ -133,3 +133,28 @@ def test_an_updates_peak_no_longer_grows_with_tokens_times_vocabulary(monkeypatc
         growth[name] = _update_peak(model, cfg, 64) - _update_peak(model, cfg, 32)
     assert growth["one chunk"] > 2 * copy, growth
     assert growth["chunks"] < copy / 4, growth
+
+
+@pytest.mark.parametrize("compiled", [False, True])
+@pytest.mark.parametrize("extra", [[], ["lora.enabled=true"]])
+def test_chunks_cut_across_two_cpu_streams_give_the_same_bits(monkeypatch, fixed_rollout, compiled, extra):
+    """Every chunk's logsumexp and logit gradient cut by rows onto two streams (mlx_grpo.streams,
+    here forced for a small vocabulary): the loss, entropy and gradients of one stream, bit for bit."""
+    from mlx_grpo import streams
+
+    cfg = _cfg("false", *extra)
+    model = _qwen2(4096)
+    if cfg.lora.enabled:
+        add_adapters(model, cfg.lora)
+    batch = prepare_batches(model, model, *fixed_rollout, cfg)[0]
+    _budget(monkeypatch, 5)
+    with mx.stream(mx.cpu):
+        loss, metrics, one = _grads(model, batch, cfg, compiled)
+        monkeypatch.setattr(streams, "SPLIT_ELEMENTS", 1)
+        cut = []
+        monkeypatch.setattr(chunked, "split_rows", lambda fn, *a: cut.append(a[0].shape) or streams.split_rows(fn, *a))
+        loss_s, metrics_s, two = _grads(model, batch, cfg, compiled)
+    assert loss_s.item() == loss.item() and metrics_s["entropy"].item() == metrics["entropy"].item()
+    assert two.keys() == one.keys()
+    assert all(mx.array_equal(two[k], one[k]).item() for k in one)
+    assert len(cut) >= 2 * 7 and all(shape[0] == ROWS for shape in cut)  # 7 chunks forward, 7 backward

@@ -163,6 +163,30 @@ def test_sampled_logprobs_equal_the_scorers(tiny):
     assert len({tuple(c) for c in r.completion_tokens}) > 4  # sampled, not one answer repeated
 
 
+def test_a_sampler_cut_across_two_cpu_streams_keeps_greedy_tokens_and_sampled_logprobs(tiny_path, monkeypatch):
+    """The sampler and the log-softmax by halves of rows on two streams (mlx_grpo.streams, here
+    forced for tiny's small vocabulary; a fresh model, so no step traced unsplit is reused)."""
+    from mlx_grpo import streams
+
+    model, tokenizer = load_base(ModelConfig(path=tiny_path), tiny_path)[:2]
+    prompts = _prompts(tokenizer, extra_short=False)
+    monkeypatch.setattr(streams, "SPLIT_ELEMENTS", 1)
+    halves = []
+    monkeypatch.setattr(engine, "split_rows", lambda fn, x: halves.append(x.shape[0]) or streams.split_rows(fn, x))
+    with mx.stream(mx.cpu):
+        bg, ours = _both(model, tokenizer, prompts, num_generations=2, max_new_tokens=30)
+        assert ours.completion_tokens == bg.completion_tokens
+        mx.random.seed(3)
+        r = generate_completions(model, tokenizer, prompts, num_generations=4, max_new_tokens=24,
+                                 sampler=make_rollout_sampler(1.0, 1.0, 0, 0.0),
+                                 sampling_logprob=make_sampling_logprob(1.0, 1.0, 0, 0.0), engine="compiled")
+        scored = completion_logprobs(model, r.prompt_tokens, r.completion_tokens)
+    for i, sampled in enumerate(r.sampling_logprobs):
+        assert mx.allclose(scored[i, :len(sampled)], mx.array(sampled), atol=1e-4).item(), i
+    assert len({tuple(c) for c in r.completion_tokens}) > 4
+    assert halves and min(halves) >= 2  # traced through the split, every batch of at least two rows
+
+
 def test_an_update_after_the_first_trace_is_decoded_with(tiny_path):
     """The compiled step reads the weights at each call: after an optimizer step the LoRA policy's
     greedy tokens are the updated model's, as BatchGenerator decodes them."""

@@ -16,6 +16,8 @@ For completion token t with scaled logits z = head(h_t) / temperature:
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from mlx_grpo.streams import split_rows
+
 # Logit elements (rows x positions x vocabulary) one chunk computes: 2^24, 64 MiB a float32 copy.
 # builtin:tiny (322 tokens) stays one chunk up to 52,000 rows x positions; Qwen's 151,936 at 16
 # rows gets 6 positions a chunk. MLX's CPU backend allocates the outputs of the next ~10
@@ -48,6 +50,12 @@ def _normalised(z, targets, entropies: bool) -> tuple:
     zc, norm = mx.stop_gradient(z), mx.stop_gradient(lse)
     probs = mx.exp(zc - norm[..., None])
     return logp, lse, norm - (probs * zc).sum(-1)
+
+
+def _logit_gradient(z, targets, lse, cotangent) -> tuple:
+    """d loss / d z = (onehot(target) - softmax(z)) * d loss / d logp, as a 1-tuple."""
+    onehot = mx.arange(z.shape[-1]) == targets[..., None]
+    return ((onehot - mx.exp(z - lse[..., None])) * cotangent[..., None],)
 
 
 def scores(logits, targets, temperature: float, entropies: bool) -> tuple:
@@ -83,7 +91,7 @@ def _chunked(head, temperature: float, entropies: bool, step: int):
         parts, previous = [], []
         for s in range(0, targets.shape[1], step):
             z = logits(leaves, _after(hidden[:, s:s + step], previous))
-            parts.append(_normalised(z, targets[:, s:s + step], entropies))
+            parts.append(split_rows(lambda z, t: _normalised(z, t, entropies), z, targets[:, s:s + step]))
             previous = list(parts[-1])
         return tuple(mx.concatenate(column, axis=1) for column in zip(*parts))
 
@@ -96,8 +104,8 @@ def _chunked(head, temperature: float, entropies: bool, step: int):
         for s in range(0, targets.shape[1], step):
             h = _after(hidden[:, s:s + step], d_hidden[-1:] + (d_leaves or []))
             z = logits(leaves, h)
-            onehot = mx.arange(z.shape[-1]) == targets[:, s:s + step, None]
-            dz = (onehot - mx.exp(z - lse[:, s:s + step, None])) * cotangents[0][:, s:s + step, None]
+            dz, = split_rows(_logit_gradient, z, targets[:, s:s + step], lse[:, s:s + step],
+                              cotangents[0][:, s:s + step])
             _, (dh, *dp) = mx.vjp(lambda h, *p: [logits(p, h)], [h, *leaves], [dz])
             d_hidden.append(dh)
             d_leaves = dp if d_leaves is None else [a + b for a, b in zip(d_leaves, dp)]

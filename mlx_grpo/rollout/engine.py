@@ -24,6 +24,8 @@ from functools import partial
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlx_grpo.streams import split_rows
+
 PROMPT_BUCKET = 32  # prompt columns are rounded up to a multiple of this (fewer re-traces)
 CHECK_LAG = 2  # a look for finished rows reads the step this many steps back
 # Attention reads the columns up to the last one written, rounded up to this many, not the whole
@@ -83,12 +85,18 @@ def _make_step(model, sampler, logprob, limit):
     def step(tokens, keys, values, idx, offset, left_padding):
         caches = [StaticKVCache(k, v, idx, offset, left_padding, limit) for k, v in zip(keys, values)]
         logits = model(tokens[:, None], cache=caches)[:, -1, :]
-        logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as BatchGenerator hands the sampler
-        nxt = sampler(logprobs).astype(mx.uint32)
-        lp = logprob(logprobs, nxt) if logprob is not None else mx.zeros(nxt.shape, mx.float32)
+        nxt, lp = split_rows(partial(_sample, sampler, logprob), logits)
         return nxt, lp, [c.keys for c in caches], [c.values for c in caches]
 
     return step
+
+
+def _sample(sampler, logprob, logits) -> tuple:
+    """(tokens, their log-probs) of logits (rows, vocab): at Qwen's vocabulary 60 ms of a 370 ms
+    step on 2 CPU cores, cut in two by rows there (mlx_grpo.streams)."""
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as BatchGenerator hands the sampler
+    nxt = sampler(logprobs).astype(mx.uint32)
+    return nxt, logprob(logprobs, nxt) if logprob is not None else mx.zeros(nxt.shape, mx.float32)
 
 
 def _prefix_buffers(model, prompts, group_size, new_tokens):

@@ -1,0 +1,49 @@
+"""Large elementwise work cut in two by rows on two CPU streams (mlx_grpo/streams.py): the same
+bits as one call, each half on a stream of its own, small or non-CPU work left whole."""
+
+import mlx.core as mx
+import pytest
+
+from mlx_grpo import streams
+
+
+def _recording(calls):
+    def fn(x, t):
+        calls.append((x.shape[0], mx.default_stream(mx.cpu)))
+        return mx.logsumexp(x, axis=-1), mx.take_along_axis(x, t[:, None], axis=-1)[:, 0]
+    return fn
+
+
+def _logits(rows, vocab):
+    mx.random.seed(0)
+    return mx.random.normal((rows, vocab)) * 3, mx.random.randint(0, vocab, (rows,))
+
+
+def test_large_cpu_work_runs_its_halves_on_two_streams_with_the_same_bits():
+    with mx.stream(mx.cpu):
+        x, t = _logits(5, streams.SPLIT_ELEMENTS // 4)  # 1.25 x the threshold, an odd row count
+        whole = _recording([])(x, t)
+        calls = []
+        split = streams.split_rows(_recording(calls), x, t)
+        mx.eval(whole, split)
+    assert [n for n, _ in calls] == [2, 3]
+    assert calls[0][1] != calls[1][1]
+    for a, b in zip(whole, split):
+        assert a.shape == b.shape and mx.array_equal(a, b).item()
+
+
+@pytest.mark.parametrize("rows", [1, 4])
+def test_small_work_stays_one_call(rows):
+    with mx.stream(mx.cpu):
+        x, t = _logits(rows, streams.SPLIT_ELEMENTS // 8 if rows > 1 else streams.SPLIT_ELEMENTS)
+        calls = []
+        mx.eval(streams.split_rows(_recording(calls), x, t))
+    assert [n for n, _ in calls] == [rows]
+
+
+def test_other_backends_are_left_whole(monkeypatch):
+    x, t = _logits(8, streams.SPLIT_ELEMENTS // 4)
+    monkeypatch.setattr(streams.mx, "default_device", lambda: mx.Device(mx.gpu))
+    calls = []
+    streams.split_rows(_recording(calls), x, t)
+    assert [n for n, _ in calls] == [8]

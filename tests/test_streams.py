@@ -49,7 +49,7 @@ def test_other_backends_are_left_whole(monkeypatch):
     assert [n for n, _ in calls] == [8]
 
 
-def test_loading_a_model_cuts_mlx_lms_swiglu_by_rows_in_every_family(tiny_path):
+def test_loading_a_model_cuts_mlx_lms_swiglu_in_every_family_and_as_shipped_puts_it_back(tiny_path):
     from mlx_lm.models import activations, llama, qwen2
 
     from mlx_grpo.config.sections import ModelConfig
@@ -57,19 +57,26 @@ def test_loading_a_model_cuts_mlx_lms_swiglu_by_rows_in_every_family(tiny_path):
 
     load_base(ModelConfig(path=tiny_path))
     assert qwen2.swiglu is llama.swiglu is activations.swiglu is streams._swiglu_by_rows
+    with streams.as_shipped():  # the bench's limit: mlx-lm as it comes, nothing cut
+        assert qwen2.swiglu is llama.swiglu is activations.swiglu is streams._SWIGLU
+        with mx.stream(mx.cpu):
+            calls = []
+            x, t = _logits(4, streams.SPLIT_ELEMENTS)
+            streams.split_rows(_recording(calls), x, t)
+            assert [n for n, _ in calls] == [4]
+    assert qwen2.swiglu is activations.swiglu is streams._swiglu_by_rows
 
 
-def test_a_forward_with_swiglu_cut_by_rows_gives_the_same_bits(tiny, monkeypatch):
+def test_a_forward_cut_by_rows_gives_the_same_bits(tiny, monkeypatch):
     model = tiny[0]
-    streams.split_swiglu()
+    streams.split_mlx_lm()
     mx.random.seed(0)
     tokens = mx.random.randint(0, 300, (3, 40))
-    cut, split_rows = [], streams.split_rows
-    monkeypatch.setattr(streams, "split_rows", lambda fn, *a: cut.append(a[0].shape) or split_rows(fn, *a))
+    rows, split_rows = [], streams.split_rows
+    monkeypatch.setattr(streams, "split_rows", lambda fn, *a: rows.append(a[0].shape[0]) or split_rows(fn, *a))
     with mx.stream(mx.cpu):
         whole = model(tokens)
         monkeypatch.setattr(streams, "SPLIT_ELEMENTS", 1)
         split = model(tokens)
     assert mx.array_equal(whole, split).item()
-    layers = len(model.model.layers)
-    assert len(cut) == 2 * layers and all(shape[0] == 3 for shape in cut)  # every layer's MLP, both passes
+    assert rows == [3] * 2 * len(model.model.layers)  # every layer's MLP, both passes (cut in the second)

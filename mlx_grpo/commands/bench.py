@@ -49,6 +49,7 @@ from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
 from mlx_grpo.rollout.sample import generate_completions
 from mlx_grpo.rollout.score import reward_batch
+from mlx_grpo.streams import as_shipped
 from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.console import say
 from mlx_grpo.update.batches import make_micro_batches, prepare_batches
@@ -192,10 +193,11 @@ def _limit(tr, rollout, batches, fb_fns) -> dict:
     g = rollout.group_size
     prompts = rollout.prompt_tokens[::g]
     lengths = [len(c) for c in rollout.completion_tokens]
-    tr.model.eval()
-    gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.sampling.batch_size)
-    tr.model.train()
-    (plain_s, compiled_s), fb_peak = forward_backward_limit(tr.model, batches, fb_fns)
+    with as_shipped():  # nothing cut onto a second stream (mlx_grpo.streams): MLX's own limit
+        tr.model.eval()
+        gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.sampling.batch_size)
+        tr.model.train()
+        (plain_s, compiled_s), fb_peak = forward_backward_limit(tr.model, batches, fb_fns)
     fb_s = min(plain_s, compiled_s)  # the limit is the faster of the two
     return {"total_s": gen_s + fb_s, "generation_s": gen_s, "forward_backward_s": fb_s,
             "forward_backward_plain_s": plain_s, "forward_backward_compiled_s": compiled_s,

@@ -4,11 +4,10 @@ MLX's CPU backend runs each elementwise kernel and each reduction on one thread 
 float on a 2-core EPYC), while its matmuls (OpenBLAS or Accelerate) use every core; at Qwen's
 vocabulary of 151,936 the logsumexp, the softmax and the sampler over the logits, and in every layer
 the MLP's SiLU, left the other cores idle. Each stream has a thread of its own, so two halves of
-the rows run side by side. Measured on
-a 2-core Linux x86_64 machine with OpenBLAS, Qwen2.5-0.5B's shape, float32: the chunked head's
-forward+backward over 16 x 128 tokens 15.8 s against 18.8 s; the 24 layers' SiLU over 2,210 tokens
-2.8 s against 4.7 s forward, 4.9 s against 7.8 s backward; the sampler 52 ms against 89 ms a decode
-step. Each half does the same arithmetic as the whole, so the bits are the same. (Attention's softmax
+the rows run side by side. Measured on a 2-core Linux x86_64 machine with OpenBLAS, Qwen2.5-0.5B's
+shape, float32: the chunked head's forward+backward over 16 x 128 tokens 15.8 s against 18.8 s; the
+24 layers' SiLU over 2,210 tokens 2.8 s against 4.7 s forward, 4.9 s against 7.8 s backward; the
+sampler 52 ms against 89 ms a decode step. Each half does the same arithmetic as the whole, so the bits are the same. (Attention's softmax
 cut by heads saved 0.5 of its 3.6 s a step there, about 1% of a step: not done.) Other backends run
 elementwise work in parallel already and are left alone, as are small arrays (the hand-off to the
 second stream costs more than it saves).
@@ -23,8 +22,7 @@ from mlx_lm.models import activations
 SPLIT_ELEMENTS = 1 << 20  # elements of the first array from which work is cut
 _second = {}  # device -> its second stream, made once
 _off = []  # non-empty inside as_shipped: nothing is cut
-# mlx-lm's own functions, before split_mlx_lm replaces them
-_SWIGLU = activations.swiglu
+_SWIGLU = activations.swiglu  # mlx-lm's own, before split_swiglu replaces it
 
 
 def _cut(elements: int) -> bool:
@@ -56,40 +54,25 @@ def _swiglu_by_rows(gate, x):
     return split_rows(lambda g, u: (_SWIGLU(g, u),), gate, x)[0]
 
 
-_REPLACED = {"swiglu": (_SWIGLU, _swiglu_by_rows)}
-
-
-def split_mlx_lm() -> list[str]:
+def split_swiglu() -> list[str]:
     """mlx-lm's `swiglu` (the MLP of Llama, Qwen2, Qwen3, Mistral and others) cut by rows, in
     mlx-lm's activations module (families imported later take it from there) and in every family
     module that imported it already; returns the names of the modules changed. Called once a model
     loads: its family's module is imported by then."""
     changed = []
-    for name, module, attr in _mlx_lm_names():
-        original, replacement = _REPLACED[attr]
-        if getattr(module, attr) is original:
-            setattr(module, attr, replacement)
+    for name, module in list(sys.modules.items()):
+        if name.startswith("mlx_lm.models.") and getattr(module, "swiglu", None) is _SWIGLU:
+            module.swiglu = _swiglu_by_rows
             changed.append(name)
     return changed
 
 
-def _mlx_lm_names():
-    """(module name, module, attribute) of every name in mlx-lm's model modules this file replaces."""
-    return [(name, module, attr) for name, module in list(sys.modules.items()) if name.startswith("mlx_lm.models.")
-            for attr in _REPLACED if hasattr(module, attr)]
-
-
 @contextmanager
 def as_shipped():
-    """Nothing cut in the block, and mlx-lm's own functions in place: what MLX computes without
-    this file (the bench's limit); as before after it."""
-    replaced = [(module, attr) for _, module, attr in _mlx_lm_names() if getattr(module, attr) is _REPLACED[attr][1]]
-    for module, attr in replaced:
-        setattr(module, attr, _REPLACED[attr][0])
+    """Nothing cut in the block (a cut swiglu computes mlx-lm's own whole): what MLX computes
+    without this file, the bench's limit."""
     _off.append(True)
     try:
         yield
     finally:
         _off.pop()
-        for module, attr in replaced:
-            setattr(module, attr, _REPLACED[attr][1])

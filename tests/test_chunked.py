@@ -143,7 +143,7 @@ def test_chunks_cut_across_two_cpu_streams_give_the_same_bits(monkeypatch, fixed
     one stream, bit for bit."""
     from mlx_grpo import streams
 
-    streams.split_mlx_lm()
+    streams.split_swiglu()
     cfg = _cfg("false", *extra)
     model = _qwen2(4096)
     if cfg.lora.enabled:

@@ -28,7 +28,7 @@ from mlx_grpo.models.builtin import builtin_model_path, cache_dir
 from mlx_grpo.models.shapes import PREFIX as SHAPE_PREFIX, shape_model_path
 from mlx_grpo.errors import ModelError
 from mlx_grpo.planner.shapes import read_model_shape
-from mlx_grpo.streams import split_mlx_lm
+from mlx_grpo.streams import split_swiglu
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -143,7 +143,7 @@ def load_base(model_cfg, path: str | None = None):
         model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
                                        trust_remote_code=remote)
         model.set_dtype(DTYPES[resolve_dtype(model_cfg.dtype)])
-        split_mlx_lm()
+        split_swiglu()
         return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
     check_model_folder(path)
@@ -164,7 +164,7 @@ def load_base(model_cfg, path: str | None = None):
                          f"{' '.join(str(e).split())[:300]})") from e
     # Quantized weights keep their packing; only float tensors are cast.
     model.set_dtype(DTYPES[resolve_dtype(model_cfg.dtype)])
-    split_mlx_lm()  # its family's module is imported by now
+    split_swiglu()  # its family's module is imported by now
     local = Path(path) if Path(path).exists() else mlx_lm.utils.hf_repo_to_path(path)
     return model, tokenizer, str(local)
 

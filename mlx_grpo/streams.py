@@ -10,7 +10,8 @@ shape, float32: the chunked head's forward+backward over 16 x 128 tokens 15.8 s 
 sampler 52 ms against 89 ms a decode step. Each half does the same arithmetic as the whole, so the bits are the same. (Attention's softmax
 cut by heads saved 0.5 of its 3.6 s a step there, about 1% of a step: not done.) Other backends run
 elementwise work in parallel already and are left alone, as are small arrays (the hand-off to the
-second stream costs more than it saves).
+second stream costs more than it saves). Within each half the exps are cpu_exp's (float32 on the
+CPU), and `split_swiglu`'s SwiGLU is cpu_exp's one-kernel forward and backward.
 """
 
 import sys
@@ -19,10 +20,14 @@ from contextlib import contextmanager
 import mlx.core as mx
 from mlx_lm.models import activations
 
+from mlx_grpo import cpu_exp
+
 SPLIT_ELEMENTS = 1 << 20  # elements of the first array from which work is cut
 _second = {}  # device -> its second stream, made once
 _off = []  # non-empty inside as_shipped: nothing is cut
 _SWIGLU = activations.swiglu  # mlx-lm's own, before split_swiglu replaces it
+_SHIPPED_CACHE = mx.set_cache_limit(0)  # MLX's own buffer cache limit, read once and put back
+mx.set_cache_limit(_SHIPPED_CACHE)
 
 
 def _cut(elements: int) -> bool:
@@ -50,8 +55,13 @@ def split_rows(fn, *arrays) -> tuple:
     return tuple(mx.concatenate(pair, axis=0) for pair in zip(first, second))
 
 
+def _swiglu(gate, x):
+    """cpu_exp's SwiGLU where it runs (float32 on the CPU, outside as_shipped), else mlx-lm's."""
+    return cpu_exp.swiglu(gate, x) if cpu_exp.fast(gate) and cpu_exp.fast(x) else _SWIGLU(gate, x)
+
+
 def _swiglu_by_rows(gate, x):
-    return split_rows(lambda g, u: (_SWIGLU(g, u),), gate, x)[0]
+    return split_rows(lambda g, u: (_swiglu(g, u),), gate, x)[0]
 
 
 def split_swiglu() -> list[str]:
@@ -69,10 +79,14 @@ def split_swiglu() -> list[str]:
 
 @contextmanager
 def as_shipped():
-    """Nothing cut in the block (a cut swiglu computes mlx-lm's own whole): what MLX computes
-    without this file, the bench's limit."""
+    """Nothing cut in the block (a cut swiglu computes mlx-lm's own whole), no cpu_exp and MLX's own
+    buffer cache limit (not update/worst_case.py's): what MLX computes as shipped, the bench's limit."""
     _off.append(True)
+    cpu_exp._off.append(True)
+    ours = mx.set_cache_limit(_SHIPPED_CACHE)
     try:
         yield
     finally:
         _off.pop()
+        cpu_exp._off.pop()
+        mx.set_cache_limit(ours)

@@ -67,6 +67,23 @@ def test_loading_a_model_cuts_mlx_lms_swiglu_in_every_family_and_as_shipped_cuts
     assert [n for n, _ in calls] == [4, 2, 2]
 
 
+def _cache_limit() -> int:
+    limit = mx.set_cache_limit(0)
+    mx.set_cache_limit(limit)
+    return limit
+
+
+def test_as_shipped_runs_under_mlx_own_cache_limit_and_puts_ours_back():
+    before = _cache_limit()
+    try:
+        mx.set_cache_limit(3 << 30)  # as update/worst_case.py's limit_cache sets it on a 24 GB machine
+        with streams.as_shipped():
+            assert _cache_limit() == streams._SHIPPED_CACHE != 3 << 30  # 32 MiB on the CPU backend
+        assert _cache_limit() == 3 << 30
+    finally:
+        mx.set_cache_limit(before)
+
+
 def test_a_forward_cut_by_rows_gives_the_same_bits(tiny, monkeypatch):
     model = tiny[0]
     streams.split_swiglu()

@@ -16,6 +16,7 @@ For completion token t with scaled logits z = head(h_t) / temperature:
 import mlx.core as mx
 from mlx.utils import tree_flatten, tree_unflatten
 
+from mlx_grpo.cpu_exp import exp, logsumexp
 from mlx_grpo.streams import split_rows
 
 # Logit elements (rows x positions x vocabulary) one chunk computes: 2^24, 64 MiB a float32 copy.
@@ -42,20 +43,20 @@ def _scaled(logits, temperature: float):
 
 def _normalised(z, targets, entropies: bool) -> tuple:
     """(log-probs of targets, logsumexp[, entropies]) of scaled logits z [n, t, V], [n, t] each."""
-    lse = mx.logsumexp(z, axis=-1)
+    lse = logsumexp(z)
     logp = mx.take_along_axis(z, targets[..., None], axis=-1).squeeze(-1) - lse
     if not entropies:
         return logp, lse
     # The softmax here is a transient [n, t, V] array, never kept for the backward pass.
     zc, norm = mx.stop_gradient(z), mx.stop_gradient(lse)
-    probs = mx.exp(zc - norm[..., None])
+    probs = exp(zc - norm[..., None])
     return logp, lse, norm - (probs * zc).sum(-1)
 
 
 def _logit_gradient(z, targets, lse, cotangent) -> tuple:
     """d loss / d z = (onehot(target) - softmax(z)) * d loss / d logp, as a 1-tuple."""
     onehot = mx.arange(z.shape[-1]) == targets[..., None]
-    return ((onehot - mx.exp(z - lse[..., None])) * cotangent[..., None],)
+    return ((onehot - exp(z - lse[..., None])) * cotangent[..., None],)
 
 
 def scores(logits, targets, temperature: float, entropies: bool) -> tuple:

@@ -41,6 +41,7 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_grpo.commands import roofline
 from mlx_grpo.commands.bench_report import format_report, host_shares
 from mlx_grpo.commands.bench_tools import add_tools_arguments, tools_report
+from mlx_grpo.commands.plan import device_memory_gb
 from mlx_grpo.commands.setup import make_rewards, setup
 from mlx_grpo.config import ConfigError, load_config
 from mlx_grpo.config.paths import is_local_path
@@ -54,6 +55,7 @@ from mlx_grpo.run.blas import warn_if_slow
 from mlx_grpo.run.console import say
 from mlx_grpo.update.batches import make_micro_batches, prepare_batches
 from mlx_grpo.update.grad import make_grad_fn
+from mlx_grpo.update.worst_case import limit_cache
 from mlx_grpo.update.step import COMPILE_STEP, run_updates
 
 SIZES = {"tiny": "builtin:tiny", "small": "builtin:small"}
@@ -77,6 +79,7 @@ class _Bench:
         seed_everything(cfg.seed)
         self.reward_set = make_rewards(cfg)
         self.tr = setup(cfg, total_updates=1_000_000)
+        limit_cache(device_memory_gb() * GB)  # MLX's buffer cache as a training run sets it
         examples = self.tr.examples
         if prompt_tokens > 0:
             examples = [lengthen(e, self.tr.tokenizer, prompt_tokens) for e in examples]

@@ -218,8 +218,8 @@ def worst_case_wanted(cfg) -> bool:
 
 
 def memory_first(cfg, tr, world) -> None:
-    """Before step 1: cap MLX's buffer cache, then, when wanted, the worst-case update
-    (update/worst_case.py), which stops a run that cannot hold its longest samples now."""
+    """Before step 1: set MLX's buffer cache (`limit_cache`), then, when wanted, the worst-case
+    update (update/worst_case.py), which stops a run that cannot hold its longest samples now."""
     import time
 
     import mlx.core as mx

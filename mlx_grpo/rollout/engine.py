@@ -24,6 +24,7 @@ from functools import partial
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlx_grpo.cpu_exp import logsumexp
 from mlx_grpo.streams import split_rows
 
 PROMPT_BUCKET = 32  # prompt columns are rounded up to a multiple of this (fewer re-traces)
@@ -93,8 +94,9 @@ def _make_step(model, sampler, logprob, limit):
 
 def _sample(sampler, logprob, logits) -> tuple:
     """(tokens, their log-probs) of logits (rows, vocab): at Qwen's vocabulary 89 ms of a 370 ms
-    step on 2 CPU cores, cut in two by rows there (mlx_grpo.streams)."""
-    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)  # as BatchGenerator hands the sampler
+    step on 2 CPU cores, cut in two by rows there (mlx_grpo.streams), its logsumexp cpu_exp's
+    (8 rows: 30 ms against 45, the rest MLX's categorical draw)."""
+    logprobs = logits - logsumexp(logits)[:, None]  # as BatchGenerator hands the sampler
     nxt = sampler(logprobs).astype(mx.uint32)
     return nxt, logprob(logprobs, nxt) if logprob is not None else mx.zeros(nxt.shape, mx.float32)
 

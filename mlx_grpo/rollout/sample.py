@@ -15,6 +15,8 @@ from mlx_lm.generate import BatchGenerator
 from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
 
+from mlx_grpo.cpu_exp import logsumexp
+
 from mlx_grpo.rollout import engine as compiled_engine
 
 
@@ -71,7 +73,7 @@ def make_sampling_logprob(temperature: float, top_p: float, top_k: int, min_p: f
             logprobs = step(logprobs)
         z = (logprobs * (1.0 / temperature)).astype(mx.float32)  # categorical_sampling's scaling
         picked = mx.take_along_axis(z, tokens[:, None], axis=-1).squeeze(-1)
-        return picked - mx.logsumexp(z, axis=-1)
+        return picked - logsumexp(z)
 
     return logprob
 

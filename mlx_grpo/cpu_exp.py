@@ -1,0 +1,102 @@
+"""exp, logsumexp and SwiGLU from multiplies and adds on the CPU, where MLX's own exp is slow.
+
+MLX's CPU backend computes exp at 12-18 ns a float on a 2-core EPYC (its sigmoid 18 ns, against
+0.2 ns for a multiply), and at Qwen's vocabulary the logsumexp and softmax over the logits, and in
+every layer the MLP's SiLU, are billions of exps a step. Here e^x = 2^n * 2^f, with n = x log2(e)
+rounded to an integer by adding and subtracting 1.5 * 2^23, 2^f (|f| <= 1/2) a degree-7 polynomial
+in Estrin's form (a shallow graph, which `mx.compile` fuses: Horner's deep chain took 9.2 ns a
+float) and 2^n written into the float's exponent bits: 1.3-1.6 ns a float over 2M floats, within
+2.3e-7 of mx.exp relative on [-87, 88] (tests/test_cpu_exp.py). Below x = -87.7 it gives 0 (mx.exp:
+a denormal); above 88.4, inf (mx.exp: up to 3.4e38); NaN stays NaN. No kernel fuses the bits' `view`,
+so a call makes about three arrays of its input's size; past MLX's CPU buffer cache (32 MiB by
+default) each is fresh pages from the kernel, 8.4 ns a float: update/worst_case.py's `limit_cache`
+keeps an eighth of memory.
+
+Only float32 on the CPU takes this path, and not inside streams.as_shipped (the bench's limit);
+Metal and CUDA run mx.exp, which is fast there.
+"""
+
+import math
+
+import mlx.core as mx
+import mlx.nn as nn
+
+_LOG2E = 1.4426950408889634
+_ROUND = 12582912.0  # 1.5 * 2^23: (y + _ROUND) - _ROUND is y rounded to an integer, in float adds
+_C = tuple(math.log(2) ** k / math.factorial(k) for k in range(8))  # 2^f = sum (f ln 2)^k / k!
+_off = []  # non-empty inside streams.as_shipped: mx.exp everywhere
+
+
+def _two_to(y):
+    """2^y for y in [-127, 128] (clipped there): 0 at n = -127, inf at n = 128."""
+    n = (y + _ROUND) - _ROUND
+    f = y - n
+    f2 = f * f
+    low = (_C[0] + _C[1] * f) + f2 * (_C[2] + _C[3] * f)
+    high = (_C[4] + _C[5] * f) + f2 * (_C[6] + _C[7] * f)
+    return (low + (f2 * f2) * high) * ((n.astype(mx.int32) + 127) << 23).view(mx.float32)
+
+
+@mx.compile
+def _exp(x):
+    return _two_to(mx.clip(x * _LOG2E, -127.0, 128.0))
+
+
+def _sigmoid(x):
+    return 1.0 / (1.0 + _two_to(mx.clip(x * -_LOG2E, -127.0, 128.0)))
+
+
+@mx.compile
+def _swiglu(gate, x):
+    return gate * _sigmoid(gate) * x
+
+
+@mx.compile
+def _swiglu_slopes(gate, x, cotangent):
+    s = _sigmoid(gate)
+    silu = gate * s
+    return cotangent * x * (s + silu * (1.0 - s)), cotangent * silu
+
+
+def fast(x) -> bool:
+    """Whether `x` takes this file's path: float32 on the CPU, not inside streams.as_shipped."""
+    return x.dtype == mx.float32 and mx.default_device().type == mx.cpu and not _off
+
+
+@mx.custom_function
+def _fast_exp(x):
+    return _exp(x)
+
+
+@_fast_exp.vjp
+def _fast_exp_vjp(primals, cotangent, output):
+    return cotangent * output
+
+
+def exp(x):
+    """e^x: mx.exp, or on the CPU in float32 the polynomial above."""
+    return _fast_exp(x) if fast(x) else mx.exp(x)
+
+
+def logsumexp(z):
+    """log sum exp over the last axis (its gradient: the softmax)."""
+    if not fast(z):
+        return mx.logsumexp(z, axis=-1)
+    top = mx.stop_gradient(z.max(axis=-1, keepdims=True))
+    top = mx.where(mx.isinf(top), 0.0, top)  # a row of -inf: -inf, as mx.logsumexp
+    return mx.log(exp(z - top).sum(axis=-1)) + top[..., 0]
+
+
+@mx.custom_function
+def _fast_swiglu(gate, x):
+    return _swiglu(gate, x)
+
+
+@_fast_swiglu.vjp
+def _fast_swiglu_vjp(primals, cotangent, output):
+    return _swiglu_slopes(*primals, cotangent)
+
+
+def swiglu(gate, x):
+    """silu(gate) * x, the MLP of Llama, Qwen and others: one kernel forward and one backward."""
+    return _fast_swiglu(gate, x) if fast(gate) and x.dtype == mx.float32 else nn.silu(gate) * x

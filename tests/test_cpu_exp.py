@@ -78,3 +78,22 @@ def test_other_dtypes_and_as_shipped_run_mlx_own():
         assert mx.array_equal(cpu_exp.logsumexp(x[None]), mx.logsumexp(x[None], axis=-1))
         assert mx.array_equal(cpu_exp.swiglu(x, x), nn.silu(x) * x)
     assert cpu_exp.fast(x)
+
+
+def test_checkpointed_blocks_run_mlx_own_swiglu_forward_and_recomputed(tiny_path, monkeypatch):
+    # the custom vjps inside mx.checkpoint raised builtin:tiny's peak 16-20% (tests/test_memory_plan.py)
+    from mlx_grpo.config.sections import ModelConfig
+    from mlx_grpo.models.load import checkpoint_layers, load_base
+
+    model = load_base(ModelConfig(path=tiny_path))[0]
+    seen = []
+    real = cpu_exp.swiglu
+    monkeypatch.setattr(cpu_exp, "swiglu", lambda g, x: seen.append("ours") or real(g, x))
+    tokens = mx.array([[5, 6, 7, 8, 9]])
+    loss = lambda m: m(tokens).sum()
+    mx.eval(nn.value_and_grad(model, loss)(model))
+    assert seen  # our SwiGLU without checkpoints
+    seen.clear()
+    checkpoint_layers(model)
+    mx.eval(nn.value_and_grad(model, loss)(model))
+    assert seen == []

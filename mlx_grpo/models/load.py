@@ -28,6 +28,7 @@ from mlx_grpo.models.builtin import builtin_model_path, cache_dir
 from mlx_grpo.models.shapes import PREFIX as SHAPE_PREFIX, shape_model_path
 from mlx_grpo.errors import ModelError
 from mlx_grpo.planner.shapes import read_model_shape
+from mlx_grpo.cpu_exp import plain
 from mlx_grpo.streams import split_swiglu
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
@@ -239,7 +240,8 @@ def _checkpointed(call):
 
         def inner(params, *args, **kwargs):
             self.update(params)
-            return call(self, *args, **kwargs)
+            with plain():  # run again in the backward: MLX's own ops there too
+                return call(self, *args, **kwargs)
 
         return mx.checkpoint(inner)(self.trainable_parameters(), *args, **kwargs)
 
@@ -257,7 +259,8 @@ def _checkpointed_on_prefix(call, self, *args, cache, **kwargs):
         c = PrefixCache()
         if prior:
             c.keys, c.values, c.offset = prior[0], prior[1], prior[0].shape[2]
-        return call(self, *args, cache=c, **kwargs), c.keys, c.values
+        with plain():
+            return call(self, *args, cache=c, **kwargs), c.keys, c.values
 
     out, cache.keys, cache.values = mx.checkpoint(inner)(self.trainable_parameters(), prior, *args, **kwargs)
     cache.offset = cache.keys.shape[2]

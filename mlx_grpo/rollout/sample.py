@@ -16,7 +16,6 @@ from mlx_lm.models.cache import make_prompt_cache
 from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_sampler
 
 from mlx_grpo.cpu_exp import logsumexp
-
 from mlx_grpo.rollout import engine as compiled_engine
 
 

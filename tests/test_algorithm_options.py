@@ -41,10 +41,12 @@ def test_clip_metrics_nonzero_when_off_policy(tmp_path, level):
 def test_entropy_logged_and_top_entropy_quantile_changes_loss(tmp_path, tiny):
     # Step 1 is on-policy from the same start and seed, so both runs sample the same completions.
     # On all tokens, grpo's loss is mean_i(-A_i) + beta * KL = 0 (advantages sum to 0 per
-    # group, KL = 0 before any update); keeping only the top 20% tokens by entropy breaks that
+    # group, KL = 0 before any update; dapo's token mean weights A_i by length, 0 only when the
+    # lengths are equal); keeping only the top 20% tokens by entropy breaks that
     # (four prompts, so that the kept tokens are not all in groups with equal rewards).
-    _, full = _run(tmp_path, "training.prompts_per_step=4", name="full")
-    _, top = _run(tmp_path, "training.prompts_per_step=4", "grpo.top_entropy_quantile=0.2", name="top")
+    grpo = ("training.prompts_per_step=4", 'grpo.loss_type="grpo"')
+    _, full = _run(tmp_path, *grpo, name="full")
+    _, top = _run(tmp_path, *grpo, "grpo.top_entropy_quantile=0.2", name="top")
     assert full[0]["reward"] == top[0]["reward"]
     assert abs(full[0]["loss"]) < 1e-5
     assert abs(top[0]["loss"]) > 1e-4

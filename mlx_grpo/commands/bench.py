@@ -48,7 +48,7 @@ from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
-from mlx_grpo.rollout.sample import generate_completions
+from mlx_grpo.rollout.sample import generate_completions, mlx_lm_sampler
 from mlx_grpo.rollout.score import reward_batch
 from mlx_grpo.streams import as_shipped
 from mlx_grpo.run.blas import warn_if_slow
@@ -198,7 +198,9 @@ def _limit(tr, rollout, batches, fb_fns) -> dict:
     lengths = [len(c) for c in rollout.completion_tokens]
     with as_shipped():  # nothing cut onto a second stream (mlx_grpo.streams): MLX's own limit
         tr.model.eval()
-        gen_s = generation_limit(tr.model, prompts, lengths, g, tr.sampler, tr.sampling.batch_size)
+        s = tr.sampling
+        shipped = mlx_lm_sampler(s.temperature, s.top_p, s.top_k, s.min_p)  # mlx-lm's draw, not ours
+        gen_s = generation_limit(tr.model, prompts, lengths, g, shipped, s.batch_size)
         tr.model.train()
         (plain_s, compiled_s), fb_peak = forward_backward_limit(tr.model, batches, fb_fns)
     fb_s = min(plain_s, compiled_s)  # the limit is the faster of the two

@@ -17,6 +17,7 @@ from mlx_lm.sample_utils import apply_min_p, apply_top_k, apply_top_p, make_samp
 
 from mlx_grpo.cpu_exp import logsumexp
 from mlx_grpo.rollout import engine as compiled_engine
+from mlx_grpo.rollout.inverse_cdf import InverseCdfSampler
 
 
 @dataclass
@@ -44,6 +45,16 @@ class Rollout:
 
 
 def make_rollout_sampler(temperature: float, top_p: float, top_k: int, min_p: float):
+    """The sampler of these settings: with nothing to truncate at T > 0 an inverse-CDF draw
+    (rollout/inverse_cdf.py: the same distribution, 4 ms against 30 ms for 8 rows at Qwen's
+    vocabulary), else mlx-lm's."""
+    if temperature > 0 and top_p >= 1.0 and top_k == 0 and min_p == 0.0:
+        return InverseCdfSampler(temperature)
+    return mlx_lm_sampler(temperature, top_p, top_k, min_p)
+
+
+def mlx_lm_sampler(temperature: float, top_p: float, top_k: int, min_p: float):
+    """mlx-lm's own sampler of these settings (the bench's MLX limit draws with it)."""
     # mlx-lm reads top_p == 0 as "off"; our config uses 1.0 for that, as HF does.
     return make_sampler(temp=temperature, top_p=top_p if top_p < 1.0 else 0.0, min_p=min_p, top_k=top_k)
 
@@ -72,6 +83,8 @@ def make_sampling_logprob(temperature: float, top_p: float, top_k: int, min_p: f
             logprobs = step(logprobs)
         z = (logprobs * (1.0 / temperature)).astype(mx.float32)  # categorical_sampling's scaling
         picked = mx.take_along_axis(z, tokens[:, None], axis=-1).squeeze(-1)
+        if temperature == 1.0 and not steps:  # already a log-softmax: its logsumexp is 0
+            return picked
         return picked - logsumexp(z)
 
     return logprob

@@ -75,6 +75,18 @@ def test_rollout_sampler_is_ours_only_where_nothing_is_truncated():
 
 
 def test_called_as_mlx_lm_calls_a_sampler():
-    logprobs = mx.log(mx.array([[0.0, 0.0, 1.0, 0.0]]))
+    logprobs = mx.log(mx.zeros((1, 5000)))
+    logprobs[0, 4100] = 0.0
     tokens = InverseCdfSampler(1.0)(logprobs)
-    assert tokens.shape == (1,) and tokens.item() == 2
+    assert tokens.shape == (1,) and tokens.item() == 4100
+
+
+def test_narrow_vocabularies_keep_mlx_lms_own_draw_token_for_token():
+    logits = mx.random.normal((16, 322), key=mx.random.key(4)) * 3
+    logprobs = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    mx.random.seed(5)
+    ours = InverseCdfSampler(0.8)(logprobs)
+    mx.random.seed(5)
+    theirs = mlx_lm_sampler(0.8, 1.0, 0, 0.0)(logprobs)
+    assert ours.tolist() == theirs.tolist()
+    assert not InverseCdfSampler.pays(322) and InverseCdfSampler.pays(151936)

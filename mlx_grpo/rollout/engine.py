@@ -99,7 +99,7 @@ def _sample(sampler, logprob, logits) -> tuple:
     from the logits and gives the log-prob in the same pass (8 rows: 4 ms against 30 ms for the
     log-softmax, MLX's categorical draw and the log-prob's logsumexp); `logprob` is then
     make_sampling_logprob's of the same settings, which computes the same number."""
-    if isinstance(sampler, InverseCdfSampler):
+    if isinstance(sampler, InverseCdfSampler) and sampler.pays(logits.shape[-1]):
         nxt, lp = sampler.draw(logits)
         return nxt, lp if logprob is not None else mx.zeros(nxt.shape, mx.float32)
     logprobs = logits - logsumexp(logits)[:, None]  # as BatchGenerator hands the sampler

@@ -11,7 +11,7 @@ here a chunk's tokens are drawn relative to the chunk's own mass.
 
 Used where the sampler has nothing to truncate (top_p 1, top_k 0, min_p 0), T > 0 and the
 vocabulary has at least cpu_exp.WIDE entries; mlx-lm's draw otherwise (16 rows of builtin:tiny's
-322: 0.12 ms either way, and its tokens stay mlx-lm's; 2,048: 0.18 against 0.56 ms). The same seed
+322: 0.15-0.16 ms either way, and its tokens stay mlx-lm's; 2,048: 0.23 against 0.64 ms). The same seed
 gives other tokens than mlx-lm's sampler; the distribution is the same (tests/test_inverse_cdf.py).
 """
 

@@ -90,3 +90,31 @@ def test_narrow_vocabularies_keep_mlx_lms_own_draw_token_for_token():
     theirs = mlx_lm_sampler(0.8, 1.0, 0, 0.0)(logprobs)
     assert ours.tolist() == theirs.tolist()
     assert not InverseCdfSampler.pays(322) and InverseCdfSampler.pays(151936)
+
+
+@pytest.mark.parametrize("engine", ["compiled", "batch_generator"])
+@pytest.mark.parametrize("temperature", [1.0, 0.5])
+def test_a_rollout_drawn_by_the_inverse_cdf_has_the_scorers_logprobs(tiny, monkeypatch, engine, temperature):
+    """Through the compiled decode step (`draw`: token and log-prob from one pass) and through
+    BatchGenerator (`__call__`), with tiny's 322 entries made wide enough to take the inverse CDF."""
+    from mlx_grpo.algorithm.loss import completion_logprobs
+    from mlx_grpo.data.chat import render_prompt
+    from mlx_grpo.rollout import inverse_cdf
+    from mlx_grpo.rollout.sample import generate_completions, make_sampling_logprob
+
+    model, tokenizer = tiny
+    monkeypatch.setattr(inverse_cdf, "WIDE", 1)
+    drawn = []
+    real = inverse_cdf.draw
+    monkeypatch.setattr(inverse_cdf, "draw", lambda logits, t: drawn.append(logits.shape) or real(logits, t))
+    prompts = [tokenizer.encode(render_prompt(tokenizer, q, "Be brief."), add_special_tokens=False)
+               for q in ("What is 2 + 3?", "What is 12 times 7 minus 5?")]
+    mx.random.seed(7)
+    r = generate_completions(model, tokenizer, prompts, num_generations=4, max_new_tokens=24,
+                             sampler=make_rollout_sampler(temperature, 1.0, 0, 0.0),
+                             sampling_logprob=make_sampling_logprob(temperature, 1.0, 0, 0.0), engine=engine)
+    assert drawn  # the inverse CDF drew (traced once in the compiled step, called per step otherwise)
+    scored = completion_logprobs(model, r.prompt_tokens, r.completion_tokens, temperature)
+    for i, sampled in enumerate(r.sampling_logprobs):
+        assert mx.allclose(scored[i, :len(sampled)], mx.array(sampled), atol=1e-4).item(), i
+    assert len({tuple(c) for c in r.completion_tokens}) > 2  # sampled, not one answer repeated

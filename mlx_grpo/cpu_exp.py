@@ -18,6 +18,7 @@ blocks); Metal and CUDA run mx.exp, which is fast there.
 
 import math
 from contextlib import contextmanager
+from functools import lru_cache
 
 import mlx.core as mx
 import mlx.nn as nn
@@ -91,6 +92,7 @@ def exp(x):
     return _fast_exp(x) if fast(x) else mx.exp(x)
 
 
+@lru_cache(maxsize=None)  # asked per chunk of the head, forward and backward: once per width
 def divisor_near_root(n: int) -> int | None:
     """A divisor of n in [64, 1024] nearest its square root (128 for Qwen's 151,936), or None."""
     divisors = [c for c in range(64, 1025) if n % c == 0]

@@ -60,7 +60,8 @@ def pick(weights, uniforms):
 def draw(logits, temperature: float):
     """(tokens (rows,) uint32, their log-probs under softmax(logits / temperature)) for logits
     (rows, vocab): one exp pass for both."""
-    z = logits.astype(mx.float32) * (1.0 / temperature)
+    z = logits.astype(mx.float32)
+    z = z * (1.0 / temperature) if temperature != 1.0 else z  # T = 1, the default: no pass for it
     top = z.max(axis=-1, keepdims=True)
     index, total = pick(exp(z - top), mx.random.uniform(shape=(z.shape[0], 2)))
     picked = mx.take_along_axis(z, index[:, None], axis=-1)[:, 0]

@@ -120,6 +120,29 @@ def logsumexp(z):
     return mx.log(row_sum(exp(z - top))) + top[..., 0]
 
 
+@mx.compile
+def _shifted_exp(z, top):
+    return _exp(z - top)
+
+
+@mx.custom_function
+def _fast_softmax(z):
+    top = mx.stop_gradient(z.max(axis=-1, keepdims=True))
+    w = _shifted_exp(z, mx.where(mx.isinf(top), 0.0, top))
+    return w / w.sum(axis=-1, keepdims=True)
+
+
+@_fast_softmax.vjp
+def _fast_softmax_vjp(primals, cotangent, output):
+    return output * (cotangent - (cotangent * output).sum(axis=-1, keepdims=True))
+
+
+def softmax(z):
+    """The softmax over the last axis (attention's, over keys): only its output is kept for the
+    backward pass, as mx.softmax keeps it."""
+    return _fast_softmax(z) if fast(z) else mx.softmax(z, axis=-1, precise=True)
+
+
 @mx.custom_function
 def _fast_swiglu(gate, x):
     return _swiglu(gate, x)

@@ -70,11 +70,16 @@ def split_swiglu() -> list[str]:
     mlx-lm's activations module (families imported later take it from there) and in every family
     module that imported it already; returns the names of the modules changed. Called once a model
     loads: its family's module is imported by then."""
+    return replace_in_mlx_lm("swiglu", _SWIGLU, _swiglu_by_rows)
+
+
+def replace_in_mlx_lm(name: str, theirs, ours) -> list[str]:
+    """`ours` for `theirs` as `name` in every mlx_lm.models module that holds it; their names."""
     changed = []
-    for name, module in list(sys.modules.items()):
-        if name.startswith("mlx_lm.models.") and getattr(module, "swiglu", None) is _SWIGLU:
-            module.swiglu = _swiglu_by_rows
-            changed.append(name)
+    for module_name, module in list(sys.modules.items()):
+        if module_name.startswith("mlx_lm.models.") and getattr(module, name, None) is theirs:
+            setattr(module, name, ours)
+            changed.append(module_name)
     return changed
 
 

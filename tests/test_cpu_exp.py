@@ -110,3 +110,14 @@ def test_checkpointed_blocks_run_mlx_own_swiglu_forward_and_recomputed(tiny_path
     checkpoint_layers(model)
     mx.eval(nn.value_and_grad(model, loss)(model))
     assert seen == []
+
+
+def test_softmax_and_its_gradient_equal_mlx_own_keeping_only_its_output():
+    z = mx.random.normal((3, 5, 300), key=mx.random.key(7)) * 4
+    z[0, 0, :100] = -mx.inf  # masked keys
+    np.testing.assert_allclose(np.array(cpu_exp.softmax(z)), np.array(mx.softmax(z, axis=-1, precise=True)),
+                               atol=1e-7, rtol=2e-6)
+    weights = mx.random.normal(z.shape, key=mx.random.key(8))
+    got = mx.grad(lambda x: (cpu_exp.softmax(x) * weights).sum())(z)
+    want = mx.grad(lambda x: (mx.softmax(x, axis=-1, precise=True) * weights).sum())(z)
+    np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-7, rtol=1e-5)

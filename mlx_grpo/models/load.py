@@ -30,6 +30,7 @@ from mlx_grpo.errors import ModelError
 from mlx_grpo.planner.shapes import read_model_shape
 from mlx_grpo.cpu_exp import plain
 from mlx_grpo.streams import split_swiglu
+from mlx_grpo.attention import fast_attention
 
 DTYPES = {"float32": mx.float32, "float16": mx.float16, "bfloat16": mx.bfloat16}
 
@@ -134,6 +135,11 @@ def hub_or_cache(repo: str, setting: str = "model.path") -> str:
     return local
 
 
+def _ours_in_mlx_lm():
+    split_swiglu()
+    fast_attention()
+
+
 def load_base(model_cfg, path: str | None = None):
     """(model, tokenizer, local_path) for the configured base model, in eval mode.
 
@@ -144,7 +150,7 @@ def load_base(model_cfg, path: str | None = None):
         model, tokenizer = mlx_lm.load(path, tokenizer_config={"trust_remote_code": remote},
                                        trust_remote_code=remote)
         model.set_dtype(DTYPES[resolve_dtype(model_cfg.dtype)])
-        split_swiglu()
+        _ours_in_mlx_lm()
         return model, tokenizer, path
     path = resolve_model_path(model_cfg.path)
     check_model_folder(path)
@@ -165,7 +171,7 @@ def load_base(model_cfg, path: str | None = None):
                          f"{' '.join(str(e).split())[:300]})") from e
     # Quantized weights keep their packing; only float tensors are cast.
     model.set_dtype(DTYPES[resolve_dtype(model_cfg.dtype)])
-    split_swiglu()  # its family's module is imported by now
+    _ours_in_mlx_lm()  # its family's module is imported by now
     local = Path(path) if Path(path).exists() else mlx_lm.utils.hf_repo_to_path(path)
     return model, tokenizer, str(local)
 

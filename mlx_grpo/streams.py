@@ -9,7 +9,7 @@ shape, float32: the chunked head's forward+backward over 16 x 128 tokens 15.8 s 
 24 layers' SiLU over 2,210 tokens 2.8 s against 4.7 s forward, 4.9 s against 7.8 s backward; the
 sampler 52 ms against 89 ms a decode step. Each half does the same arithmetic as the whole, so the
 bits are the same. (Attention's softmax cut by heads saved 0.5 of its 3.6 s a step there, about 1%
-of a step: not done.) Other backends run
+of a step: not done; mlx_grpo/attention.py gives it cpu_exp's exps instead.) Other backends run
 elementwise work in parallel already and are left alone, as are small arrays (the hand-off to the
 second stream costs more than it saves). Within each half the exps are cpu_exp's (float32 on the
 CPU), and `split_swiglu`'s SwiGLU is cpu_exp's one-kernel forward and backward.

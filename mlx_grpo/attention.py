@@ -40,6 +40,10 @@ def _masked(scores, mask, kv_heads: int):
 def attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     """mlx-lm's scaled_dot_product_attention: queries (B, heads, n, d) over keys and values
     (B, kv heads, keys, d), softmax(q k^T scale + mask) v; cpu_exp's softmax where it runs."""
+    shared = getattr(cache, "shared_prefix", None)
+    if shared is not None and sinks is None:
+        cache.attended = True
+        return _over_shared_prefix(queries, keys, values, shared, scale)
     if sinks is not None or hasattr(cache, "bits") or not cpu_exp.fast(queries):
         return _SDPA(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     b, heads, n, d = queries.shape
@@ -48,6 +52,31 @@ def attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     scores = _masked(grouped @ keys[:, :, None].swapaxes(-1, -2), mask, kv_heads)
     out = cpu_exp.softmax(scores) @ values[:, :, None]
     return out.reshape(b, heads, n, values.shape[-1])
+
+
+def _over_shared_prefix(queries, keys, values, shared, scale: float):
+    """Completion rows (N, heads, T, d), groups of N / groups rows in order, each over its group's
+    prompt (`shared`: keys and values (groups, kv heads, C, d) and seen (groups, C), its real
+    columns) and then causally over its own keys and values (N, kv heads, T, d).
+
+    A group's rows meet its prompt's keys in one product, (rows x T) queries at once, and the
+    prompt's keys are never copied per row nor joined to the rows' own: the scores stay in two
+    parts (`cpu_exp.softmax_pair`)."""
+    prefix_keys, prefix_values, seen = shared
+    N, heads, T, d = queries.shape
+    groups, kv_heads, C, _ = prefix_keys.shape
+    rows, per_kv = N // groups, heads // kv_heads
+    q = (queries * scale).reshape(groups, rows, kv_heads, per_kv, T, d).transpose(0, 2, 3, 1, 4, 5)
+    q = q.reshape(groups, kv_heads, per_kv, rows * T, d)  # a group's queries as one matrix
+    lowest = mx.finfo(q.dtype).min
+    over_prompt = mx.where(seen[:, None, None, None, :], q @ prefix_keys[:, :, None].swapaxes(-1, -2), lowest)
+    own = lambda x: x.reshape(groups, rows, kv_heads, T, -1).transpose(0, 2, 1, 3, 4)[:, :, None]
+    causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
+    over_own = mx.where(causal, q.reshape(groups, kv_heads, per_kv, rows, T, d) @ own(keys).swapaxes(-1, -2), lowest)
+    p_prompt, p_own = cpu_exp.softmax_pair(over_prompt.reshape(groups, kv_heads, per_kv, rows, T, C), over_own)
+    out = (p_prompt.reshape(groups, kv_heads, per_kv, rows * T, C) @ prefix_values[:, :, None]).reshape(
+        groups, kv_heads, per_kv, rows, T, -1) + p_own @ own(values)
+    return out.transpose(0, 3, 1, 2, 4, 5).reshape(N, heads, T, -1)
 
 
 def fast_attention() -> list[str]:

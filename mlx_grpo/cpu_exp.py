@@ -153,6 +153,37 @@ def _fast_swiglu_vjp(primals, cotangent, output):
     return _swiglu_slopes(*primals, cotangent)
 
 
+def swiglu_slopes(gate, x, cotangent):
+    """The cotangents of `swiglu`'s gate and x (float32 on the CPU), one kernel."""
+    return _swiglu_slopes(gate, x, cotangent)
+
+
 def swiglu(gate, x):
     """silu(gate) * x, the MLP of Llama, Qwen and others: one kernel forward and one backward."""
     return _fast_swiglu(gate, x) if fast(gate) and fast(x) else nn.silu(gate) * x
+
+
+@mx.custom_function
+def _fast_softmax_pair(a, b):
+    top = mx.stop_gradient(mx.maximum(a.max(axis=-1, keepdims=True), b.max(axis=-1, keepdims=True)))
+    top = mx.where(mx.isinf(top), 0.0, top)
+    wa, wb = _shifted_exp(a, top), _shifted_exp(b, top)
+    total = wa.sum(axis=-1, keepdims=True) + wb.sum(axis=-1, keepdims=True)
+    return wa / total, wb / total
+
+
+@_fast_softmax_pair.vjp
+def _fast_softmax_pair_vjp(primals, cotangents, outputs):
+    (pa, pb), (da, db) = outputs, cotangents
+    dot = (da * pa).sum(axis=-1, keepdims=True) + (db * pb).sum(axis=-1, keepdims=True)
+    return pa * (da - dot), pb * (db - dot)
+
+
+def softmax_pair(a, b):
+    """The softmax over the last axis of [a | b] (the same leading axes), as its two parts: attention
+    over a shared prompt's keys and a row's own, without the joined scores (or a copy of either
+    part) ever being made. Only the outputs are kept for the backward pass."""
+    if fast(a) and fast(b):
+        return _fast_softmax_pair(a, b)
+    p = mx.softmax(mx.concatenate([a, b], axis=-1), axis=-1, precise=True)
+    return p[..., :a.shape[-1]], p[..., a.shape[-1]:]

@@ -103,3 +103,40 @@ def test_loading_a_model_puts_it_in_every_family_and_the_forward_keeps_its_numbe
         with cpu_exp.plain():
             theirs = model(tokens)
     np.testing.assert_allclose(np.array(ours), np.array(theirs), atol=2e-5, rtol=1e-5)
+
+
+class _SharedCache:
+    def __init__(self, keys, values, seen):
+        self.shared_prefix, self.attended = (keys, values, seen), False
+
+
+@pytest.mark.parametrize("shape", [dict(), dict(kv_heads=4), dict(kv_heads=1, dv=6)], ids=["gqa", "mha", "mqa-dv"])
+def test_over_a_shared_prompt_equals_each_row_over_its_own_copy_and_the_gradients(shape):
+    heads, kv_heads, dv = 4, shape.get("kv_heads", 2), shape.get("dv", 8)
+    groups, rows, T, C, d = 2, 3, 5, 6, 8
+    r = [mx.random.key(i) for i in range(20, 25)]
+    q = mx.random.normal((groups * rows, heads, T, d), key=r[0])
+    k, v = mx.random.normal((groups * rows, kv_heads, T, d), key=r[1]), mx.random.normal((groups * rows, kv_heads, T, dv), key=r[2])
+    pk, pv = mx.random.normal((groups, kv_heads, C, d), key=r[3]), mx.random.normal((groups, kv_heads, C, dv), key=r[4])
+    seen = mx.array([[True] * C, [False] * 2 + [True] * 4])  # the second prompt left-padded by 2
+    row_group = mx.array([0] * rows + [1] * rows)
+    mask = mx.concatenate([mx.broadcast_to(seen[row_group][:, None, None], (groups * rows, 1, T, C)),
+                           mx.broadcast_to(mx.tril(mx.ones((T, T), dtype=mx.bool_)), (groups * rows, 1, T, T))], axis=-1)
+    weights = mx.arange(dv) - 2.0
+
+    def shared(q, k, v, pk, pv):
+        cache = _SharedCache(pk, pv, seen)
+        out = attn.attention(q, k, v, cache, scale=0.3, mask=None)
+        assert cache.attended
+        return out
+
+    def gathered(q, k, v, pk, pv):
+        keys, values = mx.concatenate([pk[row_group], k], axis=2), mx.concatenate([pv[row_group], v], axis=2)
+        return attn._SDPA(q, keys, values, None, scale=0.3, mask=mask)
+
+    args = (q, k, v, pk, pv)
+    np.testing.assert_allclose(np.array(shared(*args)), np.array(gathered(*args)), atol=1e-6, rtol=1e-5)
+    got = mx.grad(lambda *a: (shared(*a) * weights).sum(), argnums=tuple(range(5)))(*args)
+    want = mx.grad(lambda *a: (gathered(*a) * weights).sum(), argnums=tuple(range(5)))(*args)
+    for a, b in zip(got, want):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-5, rtol=1e-4)

@@ -121,3 +121,26 @@ def test_softmax_and_its_gradient_equal_mlx_own_keeping_only_its_output():
     got = mx.grad(lambda x: (cpu_exp.softmax(x) * weights).sum())(z)
     want = mx.grad(lambda x: (mx.softmax(x, axis=-1, precise=True) * weights).sum())(z)
     np.testing.assert_allclose(np.array(got), np.array(want), atol=1e-7, rtol=1e-5)
+
+
+@pytest.mark.parametrize("fast", [True, False], ids=["cpu_exp", "mlx"])
+def test_softmax_pair_is_the_softmax_of_the_joined_rows_and_its_gradient(fast):
+    a = mx.random.normal((2, 3, 4, 9), key=mx.random.key(3)) * 4
+    b = mx.random.normal((2, 3, 4, 5), key=mx.random.key(4)) * 4
+    a[0, 0, 0] = -mx.inf  # a row whose prompt part is all masked
+    wa, wb = (mx.random.normal(x.shape, key=mx.random.key(5 + i)) for i, x in enumerate((a, b)))
+
+    def pair(a, b):
+        if fast:
+            return cpu_exp.softmax_pair(a, b)
+        with cpu_exp.plain():
+            return cpu_exp.softmax_pair(a, b)
+
+    joined = mx.softmax(mx.concatenate([a, b], axis=-1), axis=-1, precise=True)
+    pa, pb = pair(a, b)
+    np.testing.assert_allclose(np.array(mx.concatenate([pa, pb], axis=-1)), np.array(joined), atol=1e-7, rtol=2e-6)
+    assert pa[0, 0, 0].sum().item() == 0.0 and abs(pb[0, 0, 0].sum().item() - 1.0) < 1e-6
+    got = mx.grad(lambda a, b: sum((p * w).sum() for p, w in zip(pair(a, b), (wa, wb))), argnums=(0, 1))(a, b)
+    w = mx.concatenate([wa, wb], axis=-1)
+    want = mx.grad(lambda x: (mx.softmax(x, axis=-1, precise=True) * w).sum())(mx.concatenate([a, b], axis=-1))
+    np.testing.assert_allclose(np.array(mx.concatenate(got, axis=-1)), np.array(want), atol=1e-7, rtol=1e-5)

@@ -56,7 +56,7 @@ def test_shared_prefix_logprobs_and_entropies_equal_the_packed_ones(random_qwen2
     packed = token_logprobs(random_qwen2, inputs, positions, targets, 0.7) * mask
     prefix, pad, row_group, shared_inputs, shared_targets, shared_mask = pack_groups(
         r.prompt_tokens, r.completion_tokens, pad_to=8)
-    assert prefix.shape == (3, 8) and pad.tolist() == [0, 8, 4] and row_group.tolist() == [0, 0, 0, 1, 1, 1, 2, 2, 2]
+    assert prefix.shape == (3, 8) and pad.tolist() == [0, 8, 4] and row_group.tolist() == [[0, 0, 0], [1, 1, 1], [2, 2, 2]]
     assert prefix[2, 4:].tolist() == r.prompt_tokens[6][:-1] and prefix[2, :4].tolist() == [0] * 4
     assert mx.array_equal(shared_targets, targets) and mx.array_equal(shared_mask, mask)
 
@@ -85,12 +85,30 @@ def _applied_grads(model, cfg, ref_model):
     return loss, metrics, {k: before[k] - after[k] for k in before}
 
 
+@pytest.fixture(params=["ours", "mlx-lm's"])
+def family_attention(request, monkeypatch):
+    """The attention qwen2's layers call: attention.py's (which takes a shared prompt's keys as
+    they are), counting those calls, or mlx-lm's own (which cannot: the rows' keys are gathered)."""
+    from mlx_lm.models import qwen2
+
+    from mlx_grpo import attention as attn
+
+    calls = []
+    if request.param == "ours":
+        real = attn._over_shared_prefix
+        monkeypatch.setattr(attn, "_over_shared_prefix", lambda *a, **k: calls.append(1) or real(*a, **k))
+    monkeypatch.setattr(qwen2, "scaled_dot_product_attention", attn.attention if request.param == "ours" else attn._SDPA)
+    return request.param, calls
+
+
 @pytest.mark.parametrize("loss_type", LOSS_TYPES)
 @pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
 @pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "grad_checkpoint"])
-def test_shared_prefix_gives_the_packed_gradients(random_qwen2, loss_type, lora, checkpoint):
+def test_shared_prefix_gives_the_packed_gradients(random_qwen2, loss_type, lora, checkpoint, family_attention):
     """Chunks of 2 rows with G = 3: some hold parts of two groups, each part sharing its prompt.
-    With beta > 0 and num_iterations = 2 the reference and old log-probs take the same path."""
+    With beta > 0 and num_iterations = 2 the reference and old log-probs take the same path.
+    Whole groups under attention.py share each prompt's keys as they are, except in recomputed
+    (checkpointed) layers; everywhere else the rows' keys are gathered."""
     model = _lora(random_qwen2) if lora else random_qwen2
     if checkpoint:
         checkpoint_layers(model)
@@ -104,6 +122,8 @@ def test_shared_prefix_gives_the_packed_gradients(random_qwen2, loss_type, lora,
         assert any(mx.abs(g).max().item() > 0 for g in packed[2].values())
         for k, g in packed[2].items():  # padded prompts move RoPE's positions: rounding, near-zero entries too
             assert mx.allclose(shared[2][k], g, rtol=1e-4, atol=1e-5 * mx.abs(g).max().item()).item(), k
+    attention, calls = family_attention
+    assert bool(calls) == (attention == "ours" and not checkpoint)
 
 
 @pytest.mark.parametrize("micro, plain, checkpointed", [

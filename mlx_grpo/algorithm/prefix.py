@@ -17,6 +17,7 @@ its softmax has a term).
 import mlx.core as mx
 from mlx_lm.models.cache import KVCache, make_prompt_cache
 
+from mlx_grpo import cpu_exp
 from mlx_grpo.algorithm.chunked import head_logprobs
 from mlx_grpo.algorithm.columns import prefix_columns
 from mlx_grpo.algorithm.loss import split_head, token_logprobs, token_logprobs_and_entropies
@@ -30,8 +31,12 @@ class PrefixCache:
     def __init__(self):
         self.keys = self.values = self.mask = None
         self.offset = 0
+        self.shared_prefix = None  # (keys, values, seen) of each group's prompt, for attention.py
+        self.attended = False  # whether an attention took shared_prefix
 
     def update_and_fetch(self, keys, values):
+        if self.shared_prefix is not None:  # the attention joins the prompt's keys to these itself
+            return keys, values
         if self.keys is not None:
             keys = mx.concatenate([self.keys, keys], axis=2)
             values = mx.concatenate([self.values, values], axis=2)
@@ -76,16 +81,44 @@ def group_hidden(model, body, prefix: mx.array, pad: mx.array, row_group: mx.arr
     All groups run in one pass, not one after another: on builtin:small (4 groups of 4, 32-token
     completions) a forward+backward measured 0.95 s against 1.42 s and a 10% lower peak; on
     builtin:tiny, whose backward transients outweigh what it stores, 0.10 s against 0.14 s at a 17%
-    higher peak (51 against 43 MB)."""
+    higher peak (51 against 43 MB).
+
+    Groups of equal size (row_group (groups, G)) on the CPU in float32 keep one copy of each
+    prompt's keys and values (`_over_shared`); otherwise each row gets its group's, gathered."""
     cache = [PrefixCache() for _ in range(len(model.layers))]
-    if prefix.shape[1]:
-        seen = mx.arange(prefix.shape[1])[None] >= pad[:, None]  # (groups, C): the real prompt columns
-        cache[0].mask = _prefix_mask(seen)
-        body(prefix, cache=cache)  # keys/values only: the head never runs here
-        for c in cache:
-            c.keys, c.values = c.keys[row_group], c.values[row_group]
-        cache[0].mask = _completion_mask(seen[row_group], inputs.shape[1])
+    if not prefix.shape[1]:
+        return body(inputs, cache=cache)
+    seen = mx.arange(prefix.shape[1])[None] >= pad[:, None]  # (groups, C): the real prompt columns
+    cache[0].mask = _prefix_mask(seen)
+    body(prefix, cache=cache)  # keys/values only: the head never runs here
+    if row_group.ndim == 2 and cpu_exp.fast(cache[0].keys) and not getattr(model.layers[0], "recomputed", False):
+        hidden = _over_shared(body, cache, seen, inputs)
+        if hidden is not None:
+            return hidden
+    rows = row_group.reshape(-1)
+    for c in cache:
+        c.keys, c.values = c.keys[rows], c.values[rows]
+    cache[0].mask = _completion_mask(seen[rows], inputs.shape[1])
     return body(inputs, cache=cache)
+
+
+def _over_shared(body, cache, seen, inputs):
+    """The completions' hidden states with every layer's attention over its group's prompt keys
+    as they are (attention.py's `_over_shared_prefix`), or None, the caches as they were, where a
+    layer's attention did not take them (a family with an attention of its own, sinks).
+
+    Measured (the bench's P=2 x G=8, 64 new tokens, beta 0.04, float32, 2-core EPYC, OpenBLAS,
+    rounds in turn): builtin:tiny's update peaked at 51.2-51.4 MB against 53.7-53.8 gathered and
+    took 0.11-0.13 s against 0.14-0.15 s; builtin:small's peaked at 0.922 GB against 0.936."""
+    for c in cache:
+        c.shared_prefix, c.keys, c.values = (c.keys, c.values, seen), None, None
+    cache[0].mask = None
+    hidden = body(inputs, cache=cache)
+    if all(c.attended for c in cache):
+        return hidden
+    for c in cache:
+        (c.keys, c.values, _), c.shared_prefix = c.shared_prefix, None
+    return None
 
 
 def _prefix_mask(seen: mx.array) -> mx.array:
@@ -124,7 +157,8 @@ def pack_groups(prompts, completions, pad_to: int = 1):
     """The completions of consecutive rows sharing a prompt, for `grouped_token_logprobs`.
 
     Returns (prefix [groups, C]: each run of equal prompts' p[:-1], left-padded to C columns
-    (`prefix_columns`); pad [groups]: its padding columns; row_group [N]: each row's run; inputs
+    (`prefix_columns`); pad [groups]: its padding columns; row_group [N]: each row's run, or
+    [groups, N / groups] where the runs have one length (`group_hidden` shares prompts then); inputs
     [N, T], targets [N, T], mask [N, T]); inputs[i] = [p[-1]] + c[:-1], right-padded to T (a
     multiple of `pad_to`), so inputs[i, t] is followed by targets[i, t].
     """
@@ -146,8 +180,11 @@ def pack_groups(prompts, completions, pad_to: int = 1):
     C = prefix_columns(max(len(p) - 1 for p in runs))
     pad = [C - (len(p) - 1) for p in runs]
     prefix = [[0] * k + list(p[:-1]) for p, k in zip(runs, pad)]
+    groups = mx.array(row_group, dtype=mx.int32)
+    if len({row_group.count(g) for g in range(len(runs))}) == 1:  # runs of one size: their shape says so
+        groups = groups.reshape(len(runs), -1)
     return (mx.array(prefix, dtype=mx.int32).reshape(len(runs), C), mx.array(pad, dtype=mx.int32),
-            mx.array(row_group, dtype=mx.int32), mx.array(inputs), mx.array(targets), mx.array(mask))
+            groups, mx.array(inputs), mx.array(targets), mx.array(mask))
 
 
 def batch_logprobs(model, b, temperature: float) -> mx.array:

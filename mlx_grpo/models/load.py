@@ -291,5 +291,6 @@ def checkpoint_layers(model) -> None:
         if cls in _CHECKPOINTED.values():
             continue
         if cls not in _CHECKPOINTED:
-            _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), {"__call__": _checkpointed(cls.__call__)})
+            methods = {"__call__": _checkpointed(cls.__call__), "recomputed": True}  # prefix.py reads it
+            _CHECKPOINTED[cls] = type(f"Checkpointed{cls.__name__}", (cls,), methods)
         layer.__class__ = _CHECKPOINTED[cls]

@@ -37,7 +37,7 @@ class MicroBatch:
     old_logp: mx.array | None = None
     prefix: mx.array | None = None  # shared prefix: (groups, C) each run of rows' prompt[:-1], left-padded
     prefix_pad: mx.array | None = None  # shared prefix: (groups,) padding columns of each
-    row_group: mx.array | None = None  # shared prefix: (n,) each row's group
+    row_group: mx.array | None = None  # shared prefix: each row's group, (n,) or (groups, n / groups)
     sampling_logp: mx.array | None = None  # (n, T) the sampler's log-prob of each token; 0 on padding
 
 

@@ -96,4 +96,21 @@ def test_a_forward_cut_by_rows_gives_the_same_bits(tiny, monkeypatch):
         monkeypatch.setattr(streams, "SPLIT_ELEMENTS", 1)
         split = model(tokens)
     assert mx.array_equal(whole, split).item()
-    assert rows == [3] * 2 * len(model.model.layers)  # every layer's MLP, both passes (cut in the second)
+    assert rows == [3] * len(model.model.layers)  # every layer's MLP, in the second pass
+
+
+def test_a_cut_swiglus_gradients_are_the_wholes_bit_for_bit_and_cut_too(monkeypatch):
+    mx.random.seed(1)
+    gate, x, weights = (mx.random.normal((6, 5, streams.SPLIT_ELEMENTS // 24)) * 3 for _ in range(3))
+    rows, split_rows = [], streams.split_rows
+    monkeypatch.setattr(streams, "split_rows", lambda fn, *a: rows.append(a[0].shape[0]) or split_rows(fn, *a))
+
+    def grads(swiglu):
+        return mx.grad(lambda g, u: (swiglu(g, u) * weights).sum(), argnums=(0, 1))(gate, x)
+
+    with mx.stream(mx.cpu):
+        whole, cut = grads(streams._swiglu), grads(streams._swiglu_by_rows)
+        mx.eval(whole, cut)
+    assert rows == [6, 6]  # the forward and the backward
+    for a, b in zip(whole, cut):
+        assert mx.array_equal(a, b).item()

@@ -37,8 +37,10 @@ DOCS = {  # name: the page of docs/ that explains it, named at the end of its --
 }
 
 
-def build_parser():
-    """The parser and, per sub-command, its `main`."""
+def build_parser(names=None):
+    """The parser and, per sub-command in `names` (None: all), its `main`. Only those commands'
+    modules are imported, with their flags: the others are listed by name and help alone, so
+    `mlx-grpo --help`, `config` or `launch` do not wait about 4 s for MLX and mlx-lm to load."""
     parser = argparse.ArgumentParser(
         prog="mlx-grpo",
         description="GRPO fine-tuning of language models with MLX. "
@@ -51,9 +53,11 @@ def build_parser():
     subs = parser.add_subparsers(dest="command", metavar="COMMAND")
     runners = {}
     for name, (module_name, help) in COMMANDS.items():
-        module = importlib.import_module(module_name)
-        module.add_arguments(subs.add_parser(name, help=help, description=help, epilog=f"docs: {DOCS[name]}"))
-        runners[name] = module.main
+        sub = subs.add_parser(name, help=help, description=help, epilog=f"docs: {DOCS[name]}")
+        if names is None or name in names:
+            module = importlib.import_module(module_name)
+            module.add_arguments(sub)
+            runners[name] = module.main
     return parser, runners
 
 
@@ -72,7 +76,7 @@ def _main(argv):
         argv.insert(0, "train")
     if argv[:1] in (["launch"], ["launch-probe"]) and argv[1:2] not in (["-h"], ["--help"]):
         argv.insert(1, "--")  # mlx.launch's options (-n 2 ...), train's: not this parser's
-    parser, runners = build_parser()
+    parser, runners = build_parser(argv[:1])  # the command's module only
     args = parser.parse_args(argv)
     if args.command is None:
         parser.print_help()

@@ -199,6 +199,7 @@ def test_convert_of_a_hub_id_in_offline_mode_is_trains_one_line_naming_hf_path(t
 
 # --- report on a damaged metrics.jsonl --------------------------------------------------------
 
+@pytest.mark.extra
 def test_report_skips_damaged_metrics_lines_with_a_warning_naming_them(tmp_path, capsys):
     import json
 

@@ -14,6 +14,7 @@ from mlx_grpo.commands.report import ReportError, panel_keys, run_summary, smoot
 from mlx_grpo.commands.train import train
 
 pytest.importorskip("matplotlib")  # CI installs the plot extra (.ci/run)
+pytestmark = pytest.mark.extra
 
 FAST = ["training.max_steps=3", "training.prompts_per_step=2", "generation.max_new_tokens=32",
         "generation.num_generations=4", "checkpoint.save_every=10", "training.learning_rate=1e-3",

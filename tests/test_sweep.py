@@ -61,6 +61,7 @@ def test_table_shows_eval_only_when_logged():
     assert "eval/reward" in lines[0] and "eval/rewards/x/mean" not in lines[0] and "0.600" in lines[2]
 
 
+@pytest.mark.extra
 def test_sweep_of_two_values_runs_and_tabulates(tmp_path, capsys):
     pytest.importorskip("matplotlib")  # CI installs the plot extra (.ci/run)
     code = main(["sweep", "--config", SMOKE, "--vary", "grpo.beta=0,0.04", "--steps", "2",

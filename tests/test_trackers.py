@@ -30,8 +30,9 @@ FAST = ["training.max_steps=3", "training.prompts_per_step=2", "generation.num_g
 
 
 def needs(name: str):
-    return pytest.mark.skipif(name not in INSTALLED, reason=f"the {name} extra is not installed "
+    skip = pytest.mark.skipif(name not in INSTALLED, reason=f"the {name} extra is not installed "
                               f"(`uv sync --extra {name}`)")
+    return lambda test: pytest.mark.extra(skip(test))
 
 
 @pytest.fixture(scope="module")

@@ -55,12 +55,14 @@ def screen(raw: str, columns: int) -> list[str]:
 
 
 def run_in_terminal(tmp_path, columns: int, *flags: str) -> list[str]:
-    """The smoke profile, 3 steps, run as a user runs it: stdout and stderr on one terminal."""
+    """The smoke profile, 3 steps, run as a user runs it: stdout and stderr on one terminal, in
+    the run's parent folder (output_dir "run", as a user names it: a path of the machine's
+    temporary folder can be longer than a line, and a path is never broken)."""
     main, child = pty.openpty()
     fcntl.ioctl(child, termios.TIOCSWINSZ, struct.pack("HHHH", 40, columns, 0, 0))
-    sets = [x for item in [*FAST, f'output_dir="{tmp_path / "run"}"'] for x in ("--set", item)]
-    proc = subprocess.Popen([sys.executable, "-m", "mlx_grpo", "train", "--config", "configs/smoke_test.toml",
-                             *sets, *flags], cwd=ROOT, stdin=child, stdout=child, stderr=child, close_fds=True)
+    sets = [x for item in [*FAST, 'output_dir="run"'] for x in ("--set", item)]
+    proc = subprocess.Popen([sys.executable, "-m", "mlx_grpo", "train", "--config", str(ROOT / "configs/smoke_test.toml"),
+                             *sets, *flags], cwd=tmp_path, stdin=child, stdout=child, stderr=child, close_fds=True)
     os.close(child)
     chunks = []
     while True:

@@ -43,7 +43,7 @@ def attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     shared = getattr(cache, "shared_prefix", None)
     if shared is not None and sinks is None:
         cache.attended = True
-        return _over_shared_prefix(queries, keys, values, shared, scale)
+        return _over_shared_prefix(queries, keys, values, shared, scale, getattr(cache, "window", None))
     if sinks is not None or hasattr(cache, "bits") or not cpu_exp.fast(queries):
         return _SDPA(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     b, heads, n, d = queries.shape
@@ -54,10 +54,11 @@ def attention(queries, keys, values, cache, scale: float, mask, sinks=None):
     return out.reshape(b, heads, n, values.shape[-1])
 
 
-def _over_shared_prefix(queries, keys, values, shared, scale: float):
+def _over_shared_prefix(queries, keys, values, shared, scale: float, window=None):
     """Completion rows (N, heads, T, d), groups of N / groups rows in order, each over its group's
     prompt (`shared`: keys and values (groups, kv heads, C, d) and seen (groups, C), its real
-    columns) and then causally over its own keys and values (N, kv heads, T, d).
+    columns) and then causally over its own keys and values (N, kv heads, T, d); a sliding-window
+    layer's over the last `window` columns of both (completion position t is column C + t).
 
     A group's rows meet its prompt's keys in one product, (rows x T) queries at once, and the
     prompt's keys are never copied per row nor joined to the rows' own: the scores stay in two
@@ -69,14 +70,25 @@ def _over_shared_prefix(queries, keys, values, shared, scale: float):
     q = (queries * scale).reshape(groups, rows, kv_heads, per_kv, T, d).transpose(0, 2, 3, 1, 4, 5)
     q = q.reshape(groups, kv_heads, per_kv, rows * T, d)  # a group's queries as one matrix
     lowest = mx.finfo(q.dtype).min
-    over_prompt = mx.where(seen[:, None, None, None, :], q @ prefix_keys[:, :, None].swapaxes(-1, -2), lowest)
+    visible, causal = _windowed(seen, T, rows, window)
+    over_prompt = mx.where(visible, q @ prefix_keys[:, :, None].swapaxes(-1, -2), lowest)
     own = lambda x: x.reshape(groups, rows, kv_heads, T, -1).transpose(0, 2, 1, 3, 4)[:, :, None]
-    causal = mx.tril(mx.ones((T, T), dtype=mx.bool_))
     over_own = mx.where(causal, q.reshape(groups, kv_heads, per_kv, rows, T, d) @ own(keys).swapaxes(-1, -2), lowest)
     p_prompt, p_own = cpu_exp.softmax_pair(over_prompt.reshape(groups, kv_heads, per_kv, rows, T, C), over_own)
     out = (p_prompt.reshape(groups, kv_heads, per_kv, rows * T, C) @ prefix_values[:, :, None]).reshape(
         groups, kv_heads, per_kv, rows, T, -1) + p_own @ own(values)
     return out.transpose(0, 3, 1, 2, 4, 5).reshape(N, heads, T, -1)
+
+
+def _windowed(seen, T: int, rows: int, window):
+    """(the prompt columns each of a group's rows x T queries sees, (groups, 1, 1, rows * T | 1, C);
+    the causal mask over its own T, (T, T)), within the last `window` columns where it is set."""
+    C = seen.shape[1]
+    if window is None:
+        return seen[:, None, None, None, :], mx.tril(mx.ones((T, T), dtype=mx.bool_))
+    t = mx.arange(T)[:, None]
+    near = mx.tile(C + t - mx.arange(C)[None] < window, (rows, 1))  # (rows * T, C)
+    return seen[:, None, None, None, :] & near, (t >= t.T) & (t - t.T < window)
 
 
 def fast_attention() -> list[str]:

@@ -15,6 +15,7 @@ from mlx_grpo.config import load_config
 from mlx_grpo.config.sections import ModelConfig
 from mlx_grpo.data.chat import render_prompt
 from mlx_grpo.errors import TrainingError
+from mlx_grpo.models.caches import layer_windows
 from mlx_grpo.models.load import load_base
 from mlx_grpo.models.shapes import build_shape
 from mlx_grpo.rollout import engine
@@ -214,14 +215,48 @@ def test_other_families_decode_the_same(tmp_path, name):
     assert ours.completion_tokens == bg.completion_tokens
 
 
-def test_a_sliding_window_model_is_named_and_left_to_batch_generator(tmp_path, capsys):
+def test_a_sliding_window_model_decodes_as_batch_generator_past_its_window(tmp_path, capsys, monkeypatch):
+    # Gemma 3's shrunk copy: one layer of an 8-token window (a RotatingKVCache), one global one
     folder = build_shape(tmp_path, "gemma-3-1b", shrunk=True)
     model, tokenizer, _ = load_base(ModelConfig(path=str(folder), dtype="float32"))
-    assert "RotatingKVCache" in engine.unsupported(model)
+    assert engine.unsupported(model) is None and 8 in layer_windows(model)
+    cfg = load_config(None, overrides=[f'model.path="{folder}"', 'generation.engine="auto"'])
+    assert rollout_engine(cfg, model) == "compiled" and "BatchGenerator" not in capsys.readouterr().out
+    prompts = _prompts(tokenizer)
+    assert sorted(len(p) for p in prompts)[1] > 8  # prompts that are longer than the window, and one that is not
+    bg, ours = _both(model, tokenizer, prompts, num_generations=2, max_new_tokens=24)
+    assert max(len(c) for c in bg.completion_tokens) > 8  # decoding past the window too
+    assert ours.completion_tokens == bg.completion_tokens and ours.truncated == bg.truncated
+    # the same loop with no window (every key seen) decodes other tokens: the window is what matches
+    monkeypatch.setattr(engine, "window_of", lambda asked, kept: None)
+    model._decode_steps = {}
+    unwindowed = generate_completions(model, tokenizer, prompts, sampler=GREEDY, num_generations=2,
+                                      max_new_tokens=24, engine="compiled")
+    assert unwindowed.completion_tokens != bg.completion_tokens
+
+
+def test_a_window_shows_the_last_keys_the_rotating_cache_would_hold():
+    """The decode mask of a row left-padded by 2 whose token goes to column 6: a plain layer sees
+    columns 2-6; a window of 3 (its RotatingKVCache's max_size) sees 4-6; the model asking for 2 of
+    them, 5-6 (the smaller wins, as mlx-lm's rotating cache masks)."""
+    def seen(window, asked=None):
+        cache = engine.StaticKVCache(None, None, mx.array(6), mx.array([4]), mx.array([2]), 8, window)
+        return cache.make_mask(1, window_size=asked)[0, 0, 0].tolist()
+
+    assert seen(None) == [False, False, True, True, True, True, True, False]
+    assert seen(3) == [False] * 4 + [True] * 3 + [False]
+    assert seen(3, asked=2) == seen(None, asked=2) == [False] * 5 + [True] * 2 + [False]
+
+
+def test_a_model_with_other_layer_state_is_named_and_left_to_batch_generator(tmp_path, capsys):
+    folder = build_shape(tmp_path, "lfm2-350m", shrunk=True)  # convolution layers keep an ArraysCache
+    model, tokenizer, _ = load_base(ModelConfig(path=str(folder), dtype="float32"))
+    assert "ArraysCache" in engine.unsupported(model)
     cfg = load_config(None, overrides=[f'model.path="{folder}"', 'generation.engine="auto"'])
     assert rollout_engine(cfg, model) == "batch_generator"
     said = " ".join(capsys.readouterr().out.split())
-    assert "decodes with mlx-lm's BatchGenerator (its layers keep RotatingKVCache, not only KVCache)" in said
+    assert ("decodes with mlx-lm's BatchGenerator (its layers keep ArraysCache, not only KVCache or a sliding "
+            "window's RotatingKVCache)") in said
     cfg = load_config(None, overrides=[f'model.path="{folder}"', 'generation.engine="compiled"'])
     with pytest.raises(TrainingError, match='generation.engine = "compiled": .* cannot use it'):
         rollout_engine(cfg, model)

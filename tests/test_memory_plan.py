@@ -161,6 +161,23 @@ def test_the_rollout_is_planned_for_the_engine_that_decodes_it(tiny_path):
         batch_generator)
 
 
+def test_a_sliding_window_model_is_planned_compiled_and_shared_and_a_convolution_one_not(tmp_path):
+    """Gemma 3's sliding-window layers decode in the compiled loop (whole-length buffers) and share
+    prompt prefixes, LFM2's convolution layers neither: the plan follows models/caches.py, from the
+    config alone, and plans Gemma's rollout as the compiled loop's."""
+    from mlx_grpo.commands.plan import plan, shares_prefix
+    from mlx_grpo.models.shapes import build_shape, shape_config
+
+    for name, ours in (("gemma-3-1b", True), ("lfm2-350m", False), ("qwen2.5-0.5b", True)):
+        assert shares_prefix(shape_config(name)) == ours, name
+    folder = build_shape(tmp_path, "gemma-3-1b", shrunk=True)
+
+    def rollout(*sets):
+        return plan(load_config(SMOKE, [f'model.path="{folder}"', *sets]))["phases_gb"]["rollout KV cache"]
+
+    assert rollout() < rollout('generation.engine="batch_generator"')  # the compiled loop's smaller peak
+
+
 def test_a_quantized_rollout_copy_is_held_beside_the_weights(tiny_path):
     shape = read_model_shape(tiny_path)
     full = predict(shape, run_shape(load_config(SMOKE, [])))

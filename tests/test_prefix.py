@@ -202,3 +202,54 @@ def test_a_compiled_shared_prefix_step_is_traced_once_per_prompt_bucket(random_q
 def test_prefix_columns_pad_a_prompt_by_less_than_a_quarter_or_8_columns(n, columns):
     assert prefix_columns(n) == columns
     assert 0 <= columns - n < max(8, n / 4)
+
+
+@pytest.fixture
+def random_gemma3():
+    """A 2-layer random Gemma 3: a sliding-window layer of 4 keys (a RotatingKVCache), then a global one."""
+    from mlx_lm.models import gemma3_text
+
+    mx.random.seed(0)
+    args = gemma3_text.ModelArgs(
+        model_type="gemma3_text", hidden_size=32, num_hidden_layers=2, intermediate_size=64,
+        num_attention_heads=4, num_key_value_heads=2, head_dim=8, query_pre_attn_scalar=8, vocab_size=64,
+        sliding_window=4, sliding_window_pattern=2,
+    )
+    model = gemma3_text.Model(args)
+    mx.eval(model.parameters())
+    return model
+
+
+@pytest.mark.parametrize("lora", [False, True], ids=["full", "lora"])
+@pytest.mark.parametrize("checkpoint", [False, True], ids=["plain", "grad_checkpoint"])
+@pytest.mark.parametrize("attention", ["ours", "mlx-lm's"])
+def test_a_sliding_window_shares_the_prefix_with_the_packed_gradients(random_gemma3, monkeypatch, lora, checkpoint,
+                                                                      attention):
+    """Gemma 3's window of 4 is shorter than the 9-token prompt and most completions: the shared
+    prefix's masks (and attention.py's, keys as they are) show each query the last 4 keys, as the
+    packed sequences' masks do; without the window the gradients differ."""
+    from mlx_lm.models import gemma3_text
+
+    from mlx_grpo import attention as attn
+    from mlx_grpo.algorithm import prefix
+    from mlx_grpo.algorithm.prefix import unshared_cache_kinds
+
+    assert unshared_cache_kinds(random_gemma3) == []
+    calls = []
+    real = attn._over_shared_prefix
+    monkeypatch.setattr(attn, "_over_shared_prefix", lambda *a, **k: calls.append(a[-1]) or real(*a, **k))
+    monkeypatch.setattr(gemma3_text, "scaled_dot_product_attention", attn.attention if attention == "ours" else attn._SDPA)
+    model = _lora(random_gemma3) if lora else random_gemma3
+    if checkpoint:
+        checkpoint_layers(model)
+    ref_model = None if lora else model
+    extra = ("training.grad_checkpoint=true",) * checkpoint + ("lora.enabled=true",) * lora
+    packed = _applied_grads(model, _cfg(False, "grpo", *extra), ref_model)
+    shared = _applied_grads(model, _cfg(True, "grpo", *extra), ref_model)
+    assert shared[0] == pytest.approx(packed[0], rel=1e-4, abs=1e-7)
+    for k, g in packed[2].items():
+        assert mx.allclose(shared[2][k], g, rtol=1e-4, atol=1e-5 * mx.abs(g).max().item()).item(), k
+    assert sorted(set(calls), key=str) == ([4, None] if attention == "ours" and not checkpoint else [])
+    monkeypatch.setattr(prefix, "layer_windows", lambda model: [None] * len(model.layers))  # the window forgotten
+    unwindowed = _applied_grads(model, _cfg(True, "grpo", *extra), ref_model)
+    assert any(not mx.allclose(unwindowed[2][k], g, rtol=1e-3).item() for k, g in packed[2].items())

@@ -11,25 +11,28 @@ A micro-batch's prompts run as one (groups, columns) pass, left-padded (`columns
 so that its arrays, and a compiled step traced on them, keep their shapes from step to
 step. Within a group every position moves by the same padding, so the distances RoPE sees are the
 unpadded ones; the masks hide the padding from every real token (a padding query sees itself, so
-its softmax has a term).
+its softmax has a term). A sliding-window layer (Gemma 3's) keeps every key too, and its masks show
+each query the last `window` of them, as its RotatingKVCache would (models/caches.py).
 """
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
 
 from mlx_grpo import cpu_exp
 from mlx_grpo.algorithm.chunked import head_logprobs
 from mlx_grpo.algorithm.columns import prefix_columns
 from mlx_grpo.algorithm.loss import split_head, token_logprobs, token_logprobs_and_entropies
+from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of
 
 
 class PrefixCache:
     """The part of mlx-lm's KVCache interface the attention layers use, without in-place writes
     (each call concatenates), so gradients and mx.checkpoint see plain array functions. `mask`,
-    when set, is what the next forward's attention gets (padded prompts need one)."""
+    when set, is what the next forward's attention gets (padded prompts need one); `window`: the
+    max_size of the sliding window's RotatingKVCache this layer stands for, or None."""
 
-    def __init__(self):
+    def __init__(self, window=None):
         self.keys = self.values = self.mask = None
+        self.window = window
         self.offset = 0
         self.shared_prefix = None  # (keys, values, seen) of each group's prompt, for attention.py
         self.attended = False  # whether an attention took shared_prefix
@@ -44,33 +47,33 @@ class PrefixCache:
         return keys, values
 
     def make_mask(self, n: int, return_array: bool = False, window_size=None):
-        if window_size is not None:
-            raise ValueError("shared-prefix scoring does not support sliding-window attention")
-        if self.mask is not None:
+        if self.mask is not None or self.shared_prefix is not None:  # attention.py masks a shared prompt itself
             return self.mask
-        if n == 1:
+        window = window_of(window_size, self.window)
+        if window is None and n == 1:
             return None
-        if not return_array:
+        if window is None and not return_array:
             return "causal"  # lower-right aligned: query i sees keys 0 .. offset + i
         rows = mx.arange(self.offset, self.offset + n)[:, None]
-        return rows >= mx.arange(self.offset + n)[None]
+        return _within(rows, mx.arange(self.offset + n)[None], window)
 
     @property
     def state(self):
         return self.keys, self.values
 
 
-def supports_shared_prefix(model) -> bool:
-    """Whether every layer keeps a plain attention cache (mlx-lm's KVCache), the one kind
-    PrefixCache stands in for. Sliding-window attention (Gemma 3's RotatingKVCache) and the
-    state of convolution, SSM or delta-net layers (hybrids' ArraysCache) cannot share a prefix
-    this way: such models are scored on the padded path (commands/setup.py decides, once)."""
-    return not unshared_cache_kinds(model)
+def _within(rows, cols, window):
+    """Causal (key column <= query column), and within the last `window` keys when it is set."""
+    mask = rows >= cols
+    return mask if window is None else mask & (rows - cols < window)
 
 
 def unshared_cache_kinds(model) -> list[str]:
-    """The names of the cache kinds of `model` that PrefixCache cannot stand in for."""
-    return sorted({type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache})
+    """The names of the cache kinds of `model` that PrefixCache cannot stand in for: it does a plain
+    KVCache and a sliding window's RotatingKVCache; the state of convolution, SSM or delta-net
+    layers (hybrids' ArraysCache) cannot share a prefix this way, and such models are scored on
+    the padded path (commands/setup.py decides, once)."""
+    return other_cache_kinds(model)
 
 
 def group_hidden(model, body, prefix: mx.array, pad: mx.array, row_group: mx.array, inputs: mx.array) -> mx.array:
@@ -85,11 +88,11 @@ def group_hidden(model, body, prefix: mx.array, pad: mx.array, row_group: mx.arr
 
     Groups of equal size (row_group (groups, G)) on the CPU in float32 keep one copy of each
     prompt's keys and values (`_over_shared`); otherwise each row gets its group's, gathered."""
-    cache = [PrefixCache() for _ in range(len(model.layers))]
+    cache = [PrefixCache(w) for w in layer_windows(model)]
     if not prefix.shape[1]:
         return body(inputs, cache=cache)
     seen = mx.arange(prefix.shape[1])[None] >= pad[:, None]  # (groups, C): the real prompt columns
-    cache[0].mask = _prefix_mask(seen)
+    _set_masks(cache, lambda window: _prefix_mask(seen, window))
     body(prefix, cache=cache)  # keys/values only: the head never runs here
     if row_group.ndim == 2 and cpu_exp.fast(cache[0].keys) and not getattr(model.layers[0], "recomputed", False):
         hidden = _over_shared(body, cache, seen, inputs)
@@ -98,8 +101,18 @@ def group_hidden(model, body, prefix: mx.array, pad: mx.array, row_group: mx.arr
     rows = row_group.reshape(-1)
     for c in cache:
         c.keys, c.values = c.keys[rows], c.values[rows]
-    cache[0].mask = _completion_mask(seen[rows], inputs.shape[1])
+    _set_masks(cache, lambda window: _completion_mask(seen[rows], inputs.shape[1], window))
     return body(inputs, cache=cache)
+
+
+def _set_masks(cache, make):
+    """Each layer's mask, `make(window)`, made once per window: the model asks one layer of each
+    kind for the mask its kind shares (Gemma 3: the first layer for the sliding ones)."""
+    made = {}
+    for c in cache:
+        if c.window not in made:
+            made[c.window] = make(c.window)
+        c.mask = made[c.window]
 
 
 def _over_shared(body, cache, seen, inputs):
@@ -111,8 +124,7 @@ def _over_shared(body, cache, seen, inputs):
     rounds in turn): builtin:tiny's update peaked at 51.2-51.4 MB against 53.7-53.8 gathered and
     took 0.11-0.13 s against 0.14-0.15 s; builtin:small's peaked at 0.922 GB against 0.936."""
     for c in cache:
-        c.shared_prefix, c.keys, c.values = (c.keys, c.values, seen), None, None
-    cache[0].mask = None
+        c.shared_prefix, c.keys, c.values, c.mask = (c.keys, c.values, seen), None, None, None
     hidden = body(inputs, cache=cache)
     if all(c.attended for c in cache):
         return hidden
@@ -121,19 +133,27 @@ def _over_shared(body, cache, seen, inputs):
     return None
 
 
-def _prefix_mask(seen: mx.array) -> mx.array:
-    """(groups, 1, C, C): causal over the real columns; a padding column sees itself only."""
+def _prefix_mask(seen: mx.array, window=None) -> mx.array:
+    """(groups, 1, C, C): causal over the real columns (the last `window` of them); a padding
+    column sees itself only."""
     C = seen.shape[1]
-    causal = mx.tril(mx.ones((C, C), dtype=mx.bool_))
+    if window is None:
+        causal = mx.tril(mx.ones((C, C), dtype=mx.bool_))
+    else:
+        causal = _within(mx.arange(C)[:, None], mx.arange(C)[None], window)
     return (causal & (seen[:, None, :] | mx.eye(C, dtype=mx.bool_)))[:, None]
 
 
-def _completion_mask(seen: mx.array, T: int) -> mx.array:
-    """(N, 1, T, C + T): each row's real prompt columns, then causal over its completion."""
+def _completion_mask(seen: mx.array, T: int, window=None) -> mx.array:
+    """(N, 1, T, C + T): each row's real prompt columns, then causal over its completion; the
+    last `window` columns of both where it is set."""
     N, C = seen.shape
     prompt = mx.broadcast_to(seen[:, None, None, :], (N, 1, T, C))
-    own = mx.broadcast_to(mx.tril(mx.ones((T, T), dtype=mx.bool_)), (N, 1, T, T))
-    return mx.concatenate([prompt, own], axis=-1)
+    if window is None:
+        own = mx.broadcast_to(mx.tril(mx.ones((T, T), dtype=mx.bool_)), (N, 1, T, T))
+        return mx.concatenate([prompt, own], axis=-1)
+    near = _within(mx.arange(C, C + T)[:, None], mx.arange(C + T)[None], window)  # completion t is column C + t
+    return mx.concatenate([prompt, mx.ones((N, 1, T, T), dtype=mx.bool_)], axis=-1) & near[None, None]
 
 
 def _grouped_scores(model, batch, temperature: float, entropies: bool):

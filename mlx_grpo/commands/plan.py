@@ -84,15 +84,17 @@ def planned_model(path: str):
 
 
 def shares_prefix(config: dict) -> bool:
-    """Whether training.shared_prefix applies to this model (algorithm/prefix.py); a config whose
-    model mlx-lm cannot build here is assumed to."""
-    from mlx_grpo.algorithm.prefix import supports_shared_prefix
+    """Whether this model's layers keep only caches ours stand in for (models/caches.py: plain and
+    sliding-window attention): training.shared_prefix applies to it (algorithm/prefix.py) and the
+    compiled loop decodes it (rollout/engine.py). A config whose model mlx-lm cannot build here is
+    assumed to."""
+    from mlx_grpo.models.caches import other_cache_kinds
 
     try:
         model = lazy_model(config)
     except Exception:  # an architecture this mlx-lm lacks: loading will say so
         return True
-    return supports_shared_prefix(model)
+    return not other_cache_kinds(model)
 
 
 def compiles_rollouts(cfg) -> bool:

@@ -58,9 +58,9 @@ DESCRIPTIONS = {
     "generation.batch_size": "The most sequences decoded at once; 0 decodes all of a step's at once.",
     "generation.quantize_bits": "Sample from a 4- or 8-bit copy of the current policy; 0 is off.",
     "generation.engine": "The decode loop: mlx-lm's `batch_generator`; `compiled`, one compiled step of fixed "
-                         "shapes (models whose layers all keep a plain KV cache; a batch_size that splits a "
-                         "group falls back); or `auto` (the default), compiled where the model allows it and no "
-                         "quantized copy samples (`quantize_bits` rebuilds it after every update, and a compiled "
+                         "shapes (models whose layers all keep a plain KV cache or a sliding window's, as Gemma "
+                         "3's; a batch_size that splits a group falls back); or `auto` (the default), compiled "
+                         "where the model allows it and no quantized copy samples (`quantize_bits` rebuilds it after every update, and a compiled "
                          "step would be traced again each time), else BatchGenerator, said once at start. Same "
                          "sampled distribution, another random stream.",
     "generation.max_turns": "With tools: model turns an episode may have; one still calling tools after "

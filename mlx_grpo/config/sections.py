@@ -69,8 +69,8 @@ class GenerationConfig:
     batch_size: int = 0  # sequences generated at once; 0 = all of a step's sequences
     quantize_bits: int = 0  # 4 or 8: sample from a quantized copy of the current policy; 0 = off
     # "compiled": our decode loop, one compiled step of fixed shapes (rollout/engine.py); "batch_generator":
-    # mlx-lm's; "auto": compiled where the model's layers all keep a plain KV cache and no quantized copy
-    # samples, else batch_generator.
+    # mlx-lm's; "auto": compiled where the model's layers all keep a plain or sliding-window KV cache and no
+    # quantized copy samples, else batch_generator.
     engine: str = "auto"
     # With [tools] (rollout/episodes.py): max_new_tokens is then per model turn
     max_turns: int = 4  # model turns an episode may have (each after the first follows tool results)

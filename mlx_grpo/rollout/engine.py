@@ -14,17 +14,19 @@ decoding, the finished rows leave it (`_kept`: the batch shrinks to a power of t
 traces a few batch sizes).
 
 Each prompt is prefilled once and its cache copied into its G rows, left-padded so that all
-rows' next token goes to one column; the mask hides the padding. Only models whose every layer
-keeps a plain KVCache can run here: `unsupported` names what another model keeps, and the
-rollout then uses BatchGenerator.
+rows' next token goes to one column; the mask hides the padding. A layer must keep a plain KVCache
+or a sliding window's RotatingKVCache (models/caches.py): the latter's buffer here is the whole
+length, not the window, and its mask shows the window. `unsupported` names what another model
+keeps, and the rollout then uses BatchGenerator.
 """
 
 from functools import partial
 
 import mlx.core as mx
-from mlx_lm.models.cache import KVCache, make_prompt_cache
+from mlx_lm.models.cache import KVCache
 
 from mlx_grpo.cpu_exp import logsumexp
+from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of
 from mlx_grpo.rollout.inverse_cdf import InverseCdfSampler
 from mlx_grpo.streams import split_rows
 
@@ -41,12 +43,13 @@ class StaticKVCache:
     which attention reads the first `limit` (a Python int past the written ones): the part of
     mlx-lm's cache interface its attention layers call."""
 
-    def __init__(self, keys, values, idx, offset, left_padding, limit):
+    def __init__(self, keys, values, idx, offset, left_padding, limit, window=None):
         self.keys, self.values = keys, values
         self.idx = idx  # the column the current token is written to, the same for every row
         self.offset = offset  # (B,) each row's position: what RoPE reads
         self.left_padding = left_padding  # (B,) columns before each row's prompt
         self.limit = limit
+        self.window = window  # the max_size of the RotatingKVCache this layer stands for, or None
 
     def update_and_fetch(self, keys, values):
         start = self.idx.reshape(1)
@@ -58,15 +61,32 @@ class StaticKVCache:
         cols = mx.arange(self.limit)[None]
         last = self.idx + N - 1
         mask = (cols >= self.left_padding[:, None]) & (cols <= last)
-        if window_size is not None:
-            mask = mask & (cols > last - window_size)
+        window = window_of(window_size, self.window)
+        if window is not None:
+            mask = mask & (cols > last - window)
         return mask[:, None, None, :]
+
+
+class _PrefillCache(KVCache):
+    """mlx-lm's KVCache (every key kept, in order), its mask limited to `window` keys: a prompt's
+    prefill for a layer that keeps a RotatingKVCache of max_size `window`."""
+
+    def __init__(self, window: int):
+        super().__init__()
+        self.window = window
+
+    def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
+        return super().make_mask(N, return_array=return_array, window_size=window_of(window_size, self.window))
 
 
 def unsupported(model) -> str | None:
     """Why this model cannot decode here (None: it can)."""
-    kinds = {type(c).__name__ for c in make_prompt_cache(model) if type(c) is not KVCache}
-    return f"its layers keep {', '.join(sorted(kinds))}, not only KVCache" if kinds else None
+    kinds = other_cache_kinds(model)
+    return f"its layers keep {', '.join(kinds)}, not only KVCache or a sliding window's RotatingKVCache" if kinds else None
+
+
+def _prefill_caches(model) -> list:
+    return [KVCache() if w is None else _PrefillCache(w) for w in layer_windows(model)]
 
 
 def _compiled_step(model, sampler, logprob, limit):
@@ -82,10 +102,12 @@ def _compiled_step(model, sampler, logprob, limit):
 
 
 def _make_step(model, sampler, logprob, limit):
+    windows = layer_windows(model)
+
     # The weights are read at each call (inputs), so an optimizer update is seen without a re-trace.
     @partial(mx.compile, inputs=[model.state, mx.random.state], outputs=[mx.random.state])
     def step(tokens, keys, values, idx, offset, left_padding):
-        caches = [StaticKVCache(k, v, idx, offset, left_padding, limit) for k, v in zip(keys, values)]
+        caches = [StaticKVCache(k, v, idx, offset, left_padding, limit, w) for k, v, w in zip(keys, values, windows)]
         logits = model(tokens[:, None], cache=caches)[:, -1, :]
         nxt, lp = split_rows(partial(_sample, sampler, logprob), logits)
         return nxt, lp, [c.keys for c in caches], [c.values for c in caches]
@@ -112,7 +134,7 @@ def _prefix_buffers(model, prompts, group_size, new_tokens):
     right-aligned at column `start`; returns them with `start` and each prompt's length."""
     prefills = []
     for prompt in prompts:
-        cache = make_prompt_cache(model)
+        cache = _prefill_caches(model)
         if len(prompt) > 1:
             model(mx.array(prompt[:-1])[None], cache=cache)
         prefills.append(cache)
@@ -141,7 +163,7 @@ def _shape_of(prefills, layer, kind, model):
         if part is not None:
             return part.shape[1], part.shape[3], part.dtype
     # no prompt longer than one token: one step of the model tells the shape
-    probe = make_prompt_cache(model)
+    probe = _prefill_caches(model)
     model(mx.array([[0]]), cache=probe)
     part = getattr(probe[layer], kind)
     return part.shape[1], part.shape[3], part.dtype

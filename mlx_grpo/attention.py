@@ -10,6 +10,7 @@ import mlx.core as mx
 from mlx_lm.models import base
 
 from mlx_grpo import cpu_exp
+from mlx_grpo.models.caches import within_window
 from mlx_grpo.streams import replace_in_mlx_lm
 
 _SDPA = base.scaled_dot_product_attention  # mlx-lm's own, before `fast_attention` replaces it
@@ -87,8 +88,8 @@ def _windowed(seen, T: int, rows: int, window):
     if window is None:
         return seen[:, None, None, None, :], mx.tril(mx.ones((T, T), dtype=mx.bool_))
     t = mx.arange(T)[:, None]
-    near = mx.tile(C + t - mx.arange(C)[None] < window, (rows, 1))  # (rows * T, C)
-    return seen[:, None, None, None, :] & near, (t >= t.T) & (t - t.T < window)
+    near = mx.tile(within_window(C + t, mx.arange(C)[None], window), (rows, 1))  # (rows * T, C)
+    return seen[:, None, None, None, :] & near, within_window(t, t.T, window)
 
 
 def fast_attention() -> list[str]:

@@ -21,7 +21,7 @@ from mlx_grpo import cpu_exp
 from mlx_grpo.algorithm.chunked import head_logprobs
 from mlx_grpo.algorithm.columns import prefix_columns
 from mlx_grpo.algorithm.loss import split_head, token_logprobs, token_logprobs_and_entropies
-from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of
+from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of, within_window
 
 
 class PrefixCache:
@@ -55,17 +55,11 @@ class PrefixCache:
         if window is None and not return_array:
             return "causal"  # lower-right aligned: query i sees keys 0 .. offset + i
         rows = mx.arange(self.offset, self.offset + n)[:, None]
-        return _within(rows, mx.arange(self.offset + n)[None], window)
+        return within_window(rows, mx.arange(self.offset + n)[None], window)
 
     @property
     def state(self):
         return self.keys, self.values
-
-
-def _within(rows, cols, window):
-    """Causal (key column <= query column), and within the last `window` keys when it is set."""
-    mask = rows >= cols
-    return mask if window is None else mask & (rows - cols < window)
 
 
 def unshared_cache_kinds(model) -> list[str]:
@@ -140,7 +134,7 @@ def _prefix_mask(seen: mx.array, window=None) -> mx.array:
     if window is None:
         causal = mx.tril(mx.ones((C, C), dtype=mx.bool_))
     else:
-        causal = _within(mx.arange(C)[:, None], mx.arange(C)[None], window)
+        causal = within_window(mx.arange(C)[:, None], mx.arange(C)[None], window)
     return (causal & (seen[:, None, :] | mx.eye(C, dtype=mx.bool_)))[:, None]
 
 
@@ -152,7 +146,7 @@ def _completion_mask(seen: mx.array, T: int, window=None) -> mx.array:
     if window is None:
         own = mx.broadcast_to(mx.tril(mx.ones((T, T), dtype=mx.bool_)), (N, 1, T, T))
         return mx.concatenate([prompt, own], axis=-1)
-    near = _within(mx.arange(C, C + T)[:, None], mx.arange(C + T)[None], window)  # completion t is column C + t
+    near = within_window(mx.arange(C, C + T)[:, None], mx.arange(C + T)[None], window)  # completion t is column C + t
     return mx.concatenate([prompt, mx.ones((N, 1, T, T), dtype=mx.bool_)], axis=-1) & near[None, None]
 
 

@@ -29,3 +29,10 @@ def window_of(asked, kept):
     """The keys a query sees: the window the model asks its mask for, within those its cache keeps."""
     windows = [w for w in (asked, kept) if w is not None]
     return min(windows) if windows else None
+
+
+def within_window(rows, cols, window):
+    """Which keys (columns `cols`) queries at columns `rows` see: those at or before them, and with
+    `window` set, the last `window` of those (broadcast arrays of column indices)."""
+    mask = rows >= cols
+    return mask if window is None else mask & (rows - cols < window)

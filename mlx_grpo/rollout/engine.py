@@ -26,7 +26,7 @@ import mlx.core as mx
 from mlx_lm.models.cache import KVCache
 
 from mlx_grpo.cpu_exp import logsumexp
-from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of
+from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of, within_window
 from mlx_grpo.rollout.inverse_cdf import InverseCdfSampler
 from mlx_grpo.streams import split_rows
 
@@ -60,11 +60,8 @@ class StaticKVCache:
     def make_mask(self, N: int, return_array: bool = False, window_size=None, **kwargs):
         cols = mx.arange(self.limit)[None]
         last = self.idx + N - 1
-        mask = (cols >= self.left_padding[:, None]) & (cols <= last)
-        window = window_of(window_size, self.window)
-        if window is not None:
-            mask = mask & (cols > last - window)
-        return mask[:, None, None, :]
+        seen = within_window(last, cols, window_of(window_size, self.window))
+        return ((cols >= self.left_padding[:, None]) & seen)[:, None, None, :]
 
 
 class _PrefillCache(KVCache):

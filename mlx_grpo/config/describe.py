@@ -60,8 +60,9 @@ DESCRIPTIONS = {
     "generation.engine": "The decode loop: mlx-lm's `batch_generator`; `compiled`, one compiled step of fixed "
                          "shapes (models whose layers all keep a plain KV cache or a sliding window's, as Gemma "
                          "3's; a batch_size that splits a group falls back); or `auto` (the default), compiled "
-                         "where the model allows it and no quantized copy samples (`quantize_bits` rebuilds it after every update, and a compiled "
-                         "step would be traced again each time), else BatchGenerator, said once at start. Same "
+                         "where the model allows it and no quantized copy samples (`quantize_bits` rebuilds it "
+                         "after every update, and a compiled step would be traced again each time), else "
+                         "BatchGenerator, said once at start. Same "
                          "sampled distribution, another random stream.",
     "generation.max_turns": "With tools: model turns an episode may have; one still calling tools after "
                             "its last is truncated.",

@@ -49,9 +49,13 @@ def attention(queries, keys, values, cache, scale: float, mask, sinks=None):
         return _SDPA(queries, keys, values, cache, scale=scale, mask=mask, sinks=sinks)
     b, heads, n, d = queries.shape
     kv_heads = keys.shape[1]
-    grouped = (queries * scale).reshape(b, kv_heads, heads // kv_heads, n, d)
-    scores = _masked(grouped @ keys[:, :, None].swapaxes(-1, -2), mask, kv_heads)
-    out = cpu_exp.softmax(scores) @ values[:, :, None]
+    per_kv = heads // kv_heads
+    # A kv head's queries as the rows of one product: MLX's CPU matmul makes one BLAS call per
+    # batch element, and broadcasting the keys over the query heads made per_kv times as many
+    # (Qwen2.5-0.5B's decode, 16 rows: 5.2 against 2.8 ms a layer).
+    rows = (queries * scale).reshape(b, kv_heads, per_kv * n, d)
+    scores = _masked((rows @ keys.swapaxes(-1, -2)).reshape(b, kv_heads, per_kv, n, -1), mask, kv_heads)
+    out = cpu_exp.softmax(scores).reshape(b, kv_heads, per_kv * n, -1) @ values
     return out.reshape(b, heads, n, values.shape[-1])
 
 

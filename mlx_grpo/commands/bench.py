@@ -15,6 +15,8 @@ Then, on the same model and that step's shapes, the limit:
   prompt+completion micro-batches (never shared-prefix), timed plain and compiled, the
   faster taken; no optimizer update. A trainer that shares each group's prompt
   (training.shared_prefix) does less work than this limit and can beat it.
+- both with the weights in the order mlx-lm loaded them, where the trainer's decode laid out a
+  frozen LoRA base for itself (rollout/frozen_layout.py).
 
 `--prompt-tokens N` lengthens each prompt to about N tokens (filler text before it), to
 measure the long-prompt case; the report gives the prompt share of the padded rows' tokens.
@@ -48,6 +50,7 @@ from mlx_grpo.config.paths import is_local_path
 from mlx_grpo.data.examples import PromptStream
 from mlx_grpo.algorithm.loss import token_logprobs
 from mlx_grpo.rng import seed_everything
+from mlx_grpo.rollout.frozen_layout import as_loaded
 from mlx_grpo.rollout.sample import generate_completions, mlx_lm_sampler
 from mlx_grpo.rollout.score import reward_batch
 from mlx_grpo.streams import as_shipped
@@ -196,7 +199,8 @@ def _limit(tr, rollout, batches, fb_fns) -> dict:
     g = rollout.group_size
     prompts = rollout.prompt_tokens[::g]
     lengths = [len(c) for c in rollout.completion_tokens]
-    with as_shipped():  # nothing cut onto a second stream (mlx_grpo.streams): MLX's own limit
+    # nothing cut onto a second stream (mlx_grpo.streams), the weights as loaded: MLX's own limit
+    with as_shipped(), as_loaded(tr.model):
         tr.model.eval()
         s = tr.sampling
         shipped = mlx_lm_sampler(s.temperature, s.top_p, s.top_k, s.min_p)  # mlx-lm's draw, not ours

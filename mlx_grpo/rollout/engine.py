@@ -27,6 +27,7 @@ from mlx_lm.models.cache import KVCache
 
 from mlx_grpo.cpu_exp import logsumexp
 from mlx_grpo.models.caches import layer_windows, other_cache_kinds, window_of, within_window
+from mlx_grpo.rollout.frozen_layout import lay_out_frozen
 from mlx_grpo.rollout.inverse_cdf import InverseCdfSampler
 from mlx_grpo.streams import split_rows
 
@@ -179,6 +180,7 @@ def decode(model, prompts, *, group_size, max_new_tokens, sampler, eos, logprob=
     """Sample `group_size` completions of each prompt. Returns per row (prompt-major) the tokens
     (the ending EOS included), each token's log-prob under the sampling distribution (zeros when
     `logprob` is None) and whether it stopped at `max_new_tokens` rather than at an EOS."""
+    lay_out_frozen(model)
     keys, values, start, lengths = _prefix_buffers(model, prompts, group_size, max_new_tokens)
     rows = len(prompts) * group_size
     offset = mx.array([n for n in lengths for _ in range(group_size)], dtype=mx.int32)

@@ -3,7 +3,8 @@ value, sampled token, log-prob and gradient to the bit; a trained weight is neve
 
 import mlx.core as mx
 import mlx.nn as nn
-from mlx.utils import tree_flatten, tree_map
+import pytest
+from mlx.utils import tree_flatten
 from mlx_lm.tuner.utils import linear_to_lora_layers
 
 from mlx_grpo.algorithm.loss import completion_logprobs
@@ -15,14 +16,16 @@ from mlx_grpo.rollout.frozen_layout import as_loaded, frozen_weights, lay_out_fr
 from mlx_grpo.rollout.sample import generate_completions, make_rollout_sampler, make_sampling_logprob
 
 
-def _lora_tiny(tiny_path):
+def _lora_tiny(tiny_path, dora=False):
     """builtin:tiny with rank-4 adapters on every layer, their B set (not zero): the base and the
     adapters both shape what it samples."""
     model, tokenizer, _ = load_base(ModelConfig(path=tiny_path, dtype="float32"))
     model.freeze()
-    linear_to_lora_layers(model, 4, {"rank": 4, "scale": 20.0, "dropout": 0.0})
-    mx.random.seed(1)
-    model.update(tree_map(lambda p: mx.random.normal(p.shape) * 0.01, model.trainable_parameters()))
+    mx.random.seed(1)  # the adapters' A and B alike in every copy
+    linear_to_lora_layers(model, 4, {"rank": 4, "scale": 20.0, "dropout": 0.0}, use_dora=dora)
+    b = [(name, mx.random.normal(p.shape) * 0.01) for name, p in tree_flatten(model.trainable_parameters())
+         if name.endswith("lora_b")]
+    model.load_weights(b, strict=False)
     mx.eval(model.parameters())
     return model, tokenizer
 
@@ -61,9 +64,10 @@ def test_an_untied_head_is_laid_out_as_a_linear_layer_and_its_embedding_left():
     assert [name for name, _ in frozen_weights(model)] == ["lm_head.weight"]
 
 
-def test_laid_out_weights_decode_and_train_to_the_bit(tiny_path, monkeypatch):
-    laid, tokenizer = _lora_tiny(tiny_path)
-    plain, _ = _lora_tiny(tiny_path)
+@pytest.mark.parametrize("dora", [False, True], ids=["lora", "dora"])
+def test_laid_out_weights_decode_and_train_to_the_bit(tiny_path, monkeypatch, dora):
+    laid, tokenizer = _lora_tiny(tiny_path, dora)
+    plain, _ = _lora_tiny(tiny_path, dora)
     values = {name: mx.array(w) for name, w in tree_flatten(laid.parameters())}
     assert lay_out_frozen(laid) == 13 and lay_out_frozen(laid) == 0  # once per model
     chosen = {name for name, _ in frozen_weights(laid)}
